@@ -1,0 +1,21 @@
+"""Errors a user can cause. Each message names what was wrong and how to fix it."""
+
+
+class ParallaxError(Exception):
+    """Base class: the run cannot go on; the message says why and what to change."""
+
+
+class ModelError(ParallaxError):
+    """model_fn built something the toolkit cannot train."""
+
+
+class InputError(ParallaxError):
+    """input_fn did not provide what the graph needs."""
+
+
+class ConfigError(ParallaxError):
+    """A flag or keyword argument is out of range or unknown."""
+
+
+class ClusterError(ParallaxError):
+    """A rank, server or port problem: a peer died, a wait timed out, a port is busy."""

@@ -1,0 +1,113 @@
+"""The plan: one plain-data entry per trainable variable saying which route it takes.
+
+A plan is built by `planner.make_plan`, printed as a table, shipped to every rank as JSON and
+only then applied by a rewriter. Routes are named so later techniques add kinds without
+changing the ones here:
+  "ps"         variable sharded over parameter servers, synchronous aggregation (Parallax)
+  "allreduce"  variable replicated on every rank, gradients averaged by Horovod
+Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
+  "fc_node"    compute and variables on a dedicated FC node (Stanza)
+  "stage"      pipeline stage with layer-wise staleness (DSP)
+  "async_ps"   eager pull, staleness-scaled learning rate (PS+)
+  "significant" significant + explored subset sync (Slim-DP)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Dict, List, Optional
+
+ROUTE_PS = "ps"
+ROUTE_ALLREDUCE = "allreduce"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, "fc_node", "stage", "async_ps", "significant")
+
+
+@dataclasses.dataclass
+class Shard:
+    """Rows [row_start, row_end) of a PS variable, stored on parameter server `server`."""
+    name: str          # variable name of the shard in the distributed graph
+    row_start: int
+    row_end: int
+    server: int        # index into Plan.servers
+
+
+@dataclasses.dataclass
+class VariablePlan:
+    name: str                       # single-device variable name, e.g. "emb" (no ":0")
+    shape: List[int]
+    dtype: str
+    bytes: int
+    gradient: str                   # "sparse" | "dense"
+    layer: str                      # embedding | conv | fully_connected | norm | bias | other
+    route: str
+    reason: str
+    bytes_per_step: int             # estimated bytes one rank moves for it per step
+    shards: List[Shard] = dataclasses.field(default_factory=list)
+    user_partitioned: bool = False  # the model itself partitioned it (fixed_size_partitioner)
+    layout: str = "div"             # how rows map to shards: "div" contiguous, "mod" strided
+    fusion_group: Optional[int] = None  # AllReduce: tensors of one group go in one fused call
+    # Parameters of the route, for later techniques (stage index, staleness, FC node, ...).
+    params: Dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @property
+    def partitions(self) -> int:
+        return len(self.shards)
+
+
+@dataclasses.dataclass
+class Plan:
+    strategy: str
+    num_ranks: int
+    num_hosts: int
+    servers: List[str]              # one TF gRPC PS task per host: "host:port" once known
+    local_aggregation: bool
+    variables: List[VariablePlan]
+
+    def by_name(self) -> Dict[str, VariablePlan]:
+        return {v.name: v for v in self.variables}
+
+    def on_route(self, route: str) -> List[VariablePlan]:
+        return [v for v in self.variables if v.route == route]
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        variables = []
+        for v in raw.pop("variables"):
+            shards = [Shard(**s) for s in v.pop("shards")]
+            variables.append(VariablePlan(shards=shards, **v))
+        return cls(variables=variables, **raw)
+
+    # ---- display ---------------------------------------------------------------------------
+    def table(self) -> str:
+        header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
+        rows = [header]
+        for v in self.variables:
+            shards = str(v.partitions) if v.route == ROUTE_PS else "-"
+            if v.route == ROUTE_PS and v.user_partitioned:
+                shards += " (user)"
+            rows.append((v.name, "x".join(map(str, v.shape)) or "scalar", f"{v.bytes / 2**20:.2f}",
+                         v.gradient, v.layer, v.route, shards, _human_bytes(v.bytes_per_step)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        total = sum(v.bytes_per_step for v in self.variables)
+        lines.append(f"strategy={self.strategy} ranks={self.num_ranks} hosts={self.num_hosts} "
+                     f"local_aggregation={self.local_aggregation} "
+                     f"est. bytes/step/rank={_human_bytes(total)}")
+        return "\n".join(lines)
+
+    def reasons(self) -> str:
+        return "\n".join(f"{v.name}: {v.reason}" for v in self.variables)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n}"
