@@ -92,14 +92,16 @@ def logical_name(variable) -> str:
 @contextlib.contextmanager
 def record_get_variable(names: set):
     """Remembers which variables come from get_variable (they accept a partitioner)."""
-    def getter(next_getter, name, *args, **kwargs):
+    def getter(getter, name, *args, **kwargs):  # TF passes the next getter as `getter`
         names.add(name)
-        return next_getter(name, *args, **kwargs)
+        return getter(name, *args, **kwargs)
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter):
         yield
 
 
-def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int) -> Capture:
+def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
+            evaluate: bool = True) -> Capture:
+    """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
@@ -116,11 +118,15 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         for var, grad in zip(trainable, grads):
             groups.setdefault(logical_name(var), []).append((var, grad))
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
-                      tf.compat.v1.tables_initializer()])
-            values = sess.run({name: [v for v, _ in pairs] for name, pairs in groups.items()})
-            rows = _rows_touched(sess, groups, feeds)
+        values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
+                  for name, pairs in groups.items()}
+        rows: Dict[str, int] = {}
+        if evaluate:
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(),
+                          tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()])
+                values = sess.run({name: [v for v, _ in pairs] for name, pairs in groups.items()})
+                rows = _rows_touched(sess, groups, feeds)
     infos, initial = [], {}
     for name, pairs in groups.items():
         parts = [v for v, _ in pairs]

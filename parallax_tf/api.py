@@ -1,0 +1,132 @@
+"""parallax_tf.run: inspect -> plan -> rewrite -> run."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from parallax_tf import flags as ptf_flags
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import Result, RunContext
+from parallax_tf.plan import Plan, ROUTE_PS, _human_bytes
+from parallax_tf.planner import make_plan
+from parallax_tf.runtime import cluster as cluster_lib
+from parallax_tf.runtime import launch, session
+from parallax_tf.values import ValueIO
+
+_RUN_IDS = itertools.count()
+
+
+def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional[int] = None,
+        **options) -> Result:
+    """Trains model_fn's single-device graph on every rank of the job and returns the result.
+
+    Options are the absl flags of parallax_tf.flags (strategy, np, partitions, ...); keyword
+    arguments override the flags. Outside any launcher with np > 1 this process launches the
+    ranks, waits for them and exits with their status."""
+    opts = ptf_flags.resolve(steps=steps, **options)
+    if opts.plan_only:
+        return _plan_only(model_fn, input_fn, opts)
+    if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
+        sys.exit(launch.launch_local(opts.np, opts.timeout_s))
+    _bound_horovod_stalls(opts.timeout_s)
+    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port)
+    topo = cluster.topology
+    if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
+        raise ptf_flags.ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
+                                    "drop --np under horovodrun/mpirun")
+    ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
+    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief)
+    plan = _agree_on_plan(captured, opts, topo, cluster)
+    if topo.is_chief:
+        print(plan.table(), flush=True)
+    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan)
+
+
+def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
+    from rewriters import REWRITERS
+    from rewriters.common import BuildRequest
+    import horovod.tensorflow as hvd
+    topo = cluster.topology
+    run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
+    graph = tf.Graph()
+    with graph.as_default(), graph.container(run_id):
+        request = BuildRequest(model_fn, ctx, plan, topo, run_id, opts.seed)
+        dgraph = REWRITERS[opts.strategy](request)
+        values_io = ValueIO(dgraph.parts, {v.name: v.layout for v in plan.variables})
+    graph.finalize()
+    has_ps = bool(plan.on_route(ROUTE_PS))
+    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, has_ps)
+    try:
+        session.initialise(sess, dgraph, values_io, captured.initial_values, topo.is_chief, opts.timeout_s)
+        started = time.perf_counter()
+        log = _progress_printer(opts.steps) if topo.is_chief else (lambda *a: None)
+        losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, opts.steps,
+                                      log, opts.log_every, opts.timeout_s)
+        wall = time.perf_counter() - started
+        with session.cross_rank_errors("collecting results", opts.timeout_s):
+            sess.run(dgraph.barrier)
+            variables = values_io.read(sess)
+            global_step = int(sess.run(dgraph.global_step))
+        sess.run(dgraph.barrier)    # nobody leaves (and stops its servers) while others read
+    finally:
+        sess.close()
+        tf.compat.v1.Session.reset(cluster.target, [run_id])
+    result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step,
+                    wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
+                    bytes_per_step=stats.mean_bytes())
+    if topo.is_chief and opts.log_every:
+        _print_summary(result, opts.steps)
+    return result
+
+
+def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
+    import horovod.tensorflow as hvd
+    text = None
+    if topo.is_chief:
+        plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
+                         int(opts.partition_threshold_mb * 2**20), opts.local_aggregation)
+        plan.servers = list(cluster.ps_addresses)
+        text = plan.to_json()
+    return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
+
+
+def _plan_only(model_fn, input_fn, opts) -> Result:
+    ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
+    ctx = RunContext(0, ranks, 0, ranks, 0)
+    captured = capture(model_fn, input_fn, ctx, opts.seed)
+    plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
+                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation)
+    print(plan.table())
+    print("\nwhy:\n" + plan.reasons(), flush=True)
+    return Result(variables={}, losses=[], plan=plan)
+
+
+def _bound_horovod_stalls(timeout_s: int) -> None:
+    # Horovod waits forever for a rank that never submits; make it give up like every other wait.
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(5, timeout_s // 4)))
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(timeout_s))
+
+
+def _progress_printer(total: int):
+    def log(step: int, loss: float, stats) -> None:
+        recent = stats.times[-10:]
+        step_s = sum(recent) / len(recent)
+        rate = stats.examples / len(stats.times) / step_s if stats.examples else 0.0
+        eta = (total - step) * step_s
+        moved = " ".join(f"{route}={_human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
+        print(f"step {step}/{total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
+              f"eta {eta:.0f}s bytes/step {moved or '0'}", flush=True)
+    return log
+
+
+def _print_summary(result: Result, steps: int) -> None:
+    moved = ", ".join(f"{r} {_human_bytes(b)}" for r, b in sorted(result.bytes_per_step.items()) if b)
+    rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
+    print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, "
+          f"{rate}, final loss {result.losses[-1] if result.losses else float('nan'):.4f}; "
+          f"mean bytes/step/rank: {moved or 'none'}", flush=True)

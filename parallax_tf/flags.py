@@ -1,0 +1,64 @@
+"""Every absl flag of parallax_tf, parsed in one place; keyword arguments of run() override."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Optional
+
+from absl import flags
+
+from parallax_tf.errors import ConfigError
+from parallax_tf.planner import STRATEGIES
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("strategy", "hybrid", list(STRATEGIES), "How variables are synchronised.")
+flags.DEFINE_integer("np", None, "Ranks to launch locally when not under horovodrun/mpirun.")
+flags.DEFINE_integer("steps", 100, "Training steps.")
+flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
+flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
+flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: from the plan).")
+flags.DEFINE_float("partition_threshold_mb", 16.0, "Sparse variables larger than this are sharded.")
+flags.DEFINE_bool("local_aggregation", True, "Sum sparse gradients of a host's ranks before sending.")
+flags.DEFINE_integer("port", None, "First port to try for the TF servers (default: any free port).")
+flags.DEFINE_string("bind_address", None, "Address the TF servers bind to (default: loopback when "
+                    "all ranks are on one host, else the host's address).")
+flags.DEFINE_integer("timeout_s", 120, "Longest any cross-rank wait may take before the run fails.")
+flags.DEFINE_integer("seed", 0, "Graph-level random seed, the same on every rank.")
+
+
+@dataclasses.dataclass
+class Options:
+    strategy: str
+    np: Optional[int]
+    steps: int
+    log_every: int
+    plan_only: bool
+    partitions: Optional[int]
+    partition_threshold_mb: float
+    local_aggregation: bool
+    port: Optional[int]
+    bind_address: Optional[str]
+    timeout_s: int
+    seed: int
+
+
+def resolve(**overrides) -> Options:
+    if not FLAGS.is_parsed():
+        FLAGS(sys.argv, known_only=True)
+    names = [f.name for f in dataclasses.fields(Options)]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown}; known: {', '.join(names)}")
+    values = {n: overrides[n] if overrides.get(n) is not None else getattr(FLAGS, n) for n in names}
+    options = Options(**values)
+    if options.strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {options.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if options.np is not None and options.np < 1:
+        raise ConfigError(f"--np must be at least 1, got {options.np}")
+    if options.steps < 0:
+        raise ConfigError(f"--steps must be >= 0, got {options.steps}")
+    if options.partitions is not None and options.partitions < 1:
+        raise ConfigError(f"--partitions must be >= 1, got {options.partitions}")
+    if options.timeout_s < 1:
+        raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
+    return options

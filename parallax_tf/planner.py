@@ -1,0 +1,110 @@
+"""plan: decide a route for every variable the inspect stage found."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from parallax_tf.errors import ConfigError
+from parallax_tf.inspect_graph import Capture, VariableInfo
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, Plan, Shard, VariablePlan
+
+STRATEGIES = ("hybrid", "ps", "allreduce")
+FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
+
+
+def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
+              partitions: Optional[int] = None, partition_threshold_bytes: int = 16 * 2**20,
+              local_aggregation: bool = True) -> Plan:
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if partitions is not None and partitions < 1:
+        raise ConfigError(f"--partitions must be >= 1, got {partitions}")
+    server_load = [0] * num_hosts
+    entries = []
+    for info in capture.variables:
+        route, reason = _route(strategy, info)
+        entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
+                             gradient=info.gradient, layer=info.layer, route=route, reason=reason,
+                             bytes_per_step=0, user_partitioned=info.user_partitioned)
+        if route == ROUTE_PS:
+            _shard(entry, info, partitions, partition_threshold_bytes, num_hosts, server_load)
+        entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
+        entries.append(entry)
+    _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
+    return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
+                local_aggregation=local_aggregation, variables=entries)
+
+
+def _route(strategy: str, info: VariableInfo):
+    if strategy == "ps":
+        return ROUTE_PS, "strategy ps: every variable on parameter servers"
+    if strategy == "allreduce":
+        how = "allgather of IndexedSlices" if info.gradient == "sparse" else "ring AllReduce"
+        return ROUTE_ALLREDUCE, f"strategy allreduce: {how}"
+    if info.gradient == "sparse":
+        return ROUTE_PS, ("sparse gradient (IndexedSlices): a PS moves only touched rows, "
+                          "allgather would grow with the number of ranks")
+    if info.gradient == "none":
+        return ROUTE_ALLREDUCE, "no gradient reaches it from the loss: replicated, never updated"
+    return ROUTE_ALLREDUCE, "dense gradient: ring AllReduce moves 2(N-1)/N of it with no hotspot"
+
+
+def _shard(entry: VariablePlan, info: VariableInfo, partitions, threshold, num_hosts, load) -> None:
+    if info.user_partitioned:
+        pieces = list(zip(info.part_names, info.part_rows))
+        entry.reason += f"; the model partitioned it into {len(pieces)}"
+    else:
+        count = _partition_count(info, partitions, threshold, num_hosts, entry)
+        rows = info.shape[0] if info.shape else 1
+        sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
+        names = [f"{info.name}/part_{i}" for i in range(count)] if count > 1 else [info.name]
+        pieces = list(zip(names, sizes))
+    start = 0
+    for name, rows in pieces:
+        server = min(range(num_hosts), key=lambda s: (load[s], s))   # greedy by bytes
+        load[server] += rows * info.row_bytes
+        entry.shards.append(Shard(name=name, row_start=start, row_end=start + rows, server=server))
+        start += rows
+
+
+def _partition_count(info: VariableInfo, partitions, threshold, num_hosts, entry) -> int:
+    rows = info.shape[0] if info.shape else 1
+    if info.gradient != "sparse" or rows < 2:
+        return 1
+    if not info.from_get_variable:
+        if partitions and partitions > 1:
+            entry.reason += "; not partitioned: created by tf.Variable (use get_variable to partition)"
+        return 1
+    if partitions is not None:
+        entry.reason += f"; {partitions} partitions from --partitions"
+        return min(partitions, rows)
+    if info.bytes <= threshold:
+        return 1
+    # Enough shards that each is under the threshold, spread evenly over the servers.
+    count = num_hosts * math.ceil(info.bytes / (threshold * num_hosts))
+    entry.reason += f"; {count} partitions: {info.bytes / 2**20:.0f}MB over a {threshold / 2**20:.0f}MB threshold"
+    return min(count, rows)
+
+
+def estimate_bytes_per_step(entry: VariablePlan, info: VariableInfo, num_ranks: int) -> int:
+    """Bytes one rank sends plus receives for this variable in one step (plan-time estimate)."""
+    if num_ranks <= 1 or info.gradient == "none":
+        return 0
+    if info.gradient == "sparse":
+        rows = info.rows_touched if info.rows_touched is not None else info.shape[0]
+        touched = rows * (info.row_bytes + 8)            # values + int64 index
+        if entry.route == ROUTE_PS:
+            return 2 * touched - rows * 8                # push grad rows, pull rows
+        return (num_ranks - 1) * touched                 # allgather: everyone's rows arrive
+    if entry.route == ROUTE_PS:
+        return 2 * info.bytes                            # push gradient, pull variable
+    return int(2 * (num_ranks - 1) / num_ranks * info.bytes)
+
+
+def _assign_fusion_groups(entries: List[VariablePlan]) -> None:
+    group, filled = 0, 0
+    for entry in entries:
+        if filled and filled + entry.bytes > FUSION_BYTES:
+            group, filled = group + 1, 0
+        entry.fusion_group = group
+        filled += entry.bytes

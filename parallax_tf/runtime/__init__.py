@@ -1,0 +1,1 @@
+"""Runtime: ranks, servers, sessions and the training loop. No graph rewriting here."""

@@ -1,0 +1,117 @@
+"""Rank rendezvous through Horovod and the in-process TF gRPC servers.
+
+Every rank runs a `worker` server (its session's target); the first rank of each host also
+runs that host's `ps` server, which holds the PS shards the plan puts on the host. Addresses
+are exchanged with Horovod's allgather, so no extra coordination service is needed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import socket
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from parallax_tf.errors import ClusterError
+from rewriters.common import Topology
+
+LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def under_launcher() -> bool:
+    return any(k in os.environ for k in LAUNCHER_ENV)
+
+
+@dataclasses.dataclass
+class Cluster:
+    topology: Topology
+    spec: Dict[str, List[str]]
+    worker_server: object
+    ps_server: Optional[object]
+
+    @property
+    def target(self) -> str:
+        return self.worker_server.target
+
+    @property
+    def ps_addresses(self) -> List[str]:
+        return self.spec["ps"]
+
+
+_CLUSTER: Optional[Cluster] = None
+
+
+def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps: bool = True) -> Cluster:
+    """Starts this rank's servers once per process; later runs in the process reuse them."""
+    global _CLUSTER
+    if _CLUSTER is not None:
+        return _CLUSTER
+    import horovod.tensorflow as hvd
+    hvd.init()
+    host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank()})
+    hosts: List[str] = []
+    for peer in peers:
+        if peer["host"] not in hosts:
+            hosts.append(peer["host"])
+    one_host = len(hosts) == 1
+    address = bind_address or ("127.0.0.1" if one_host else _address_of(host_name))
+    want = 2 if (with_ps and hvd.local_rank() == 0) else 1
+    offset = (base_port + hvd.local_rank() * 2) if base_port else None
+    ports = free_ports(address, want, offset)
+    mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
+            "ps": f"{address}:{ports[1]}" if want == 2 else None}
+    everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
+    spec = {"worker": [p["worker"] for p in everyone]}
+    ps = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts] if with_ps else []
+    if ps:
+        spec["ps"] = ps
+    topology = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                        local_size=hvd.local_size(), host=hosts.index(host_name),
+                        ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts])
+    worker = _server(spec, "worker", hvd.rank(), mine["worker"])
+    ps_server = _server(spec, "ps", hosts.index(host_name), mine["ps"]) if mine["ps"] else None
+    hvd.allgather_object(True)  # every server is up before anyone opens a session
+    _CLUSTER = Cluster(topology, spec, worker, ps_server)
+    return _CLUSTER
+
+
+def free_ports(address: str, count: int, start: Optional[int]) -> List[int]:
+    """`count` ports free on `address`: from `start` upwards when given, else any the OS picks."""
+    ports: List[int] = []
+    candidate = start
+    while len(ports) < count:
+        if candidate is not None and candidate > 65535:
+            raise ClusterError(f"no free port on {address} from --port={start} up to 65535; pick another --port")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, candidate or 0))
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE and candidate is not None:
+                    candidate += 1
+                    continue
+                raise ClusterError(f"cannot bind {address}:{candidate or 0}: {err}; check --bind_address") from err
+            port = probe.getsockname()[1]
+        if port not in ports:
+            ports.append(port)
+        candidate = port + 1 if candidate is not None else None
+    return ports
+
+
+def _server(spec, job: str, task: int, address: str):
+    try:
+        return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=task,
+                                    protocol="grpc", start=True)
+    except (tf.errors.UnknownError, tf.errors.InternalError) as err:
+        raise ClusterError(f"could not start the {job} server on {address}: {err.message}. "
+                           "Another process may have taken the port; pass --port to choose a range") from None
+
+
+def _address_of(host_name: str) -> str:
+    try:
+        return socket.gethostbyname(host_name)
+    except OSError as err:
+        raise ClusterError(f"cannot resolve this host's name {host_name!r} to an address: {err}; "
+                           "pass --bind_address") from None

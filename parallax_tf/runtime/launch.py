@@ -1,0 +1,27 @@
+"""`python train.py --np N` outside any launcher: start N local ranks with Horovod's own
+launcher (gloo over loopback), stream their output and return their exit status."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+
+def launch_local(num_ranks: int, start_timeout_s: int) -> int:
+    # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
+    argv = list(sys.orig_argv[1:])
+    command = [sys.executable, "-m", "horovod.runner.launch", "-np", str(num_ranks),
+               "-H", f"localhost:{num_ranks}", "--gloo", "--start-timeout", str(start_timeout_s),
+               sys.executable, *argv]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        return 130

@@ -1,0 +1,105 @@
+"""Session creation, initialisation order and the training loop for one rank."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.errors import ClusterError
+from parallax_tf.inspect_graph import make_feeds
+from parallax_tf.model import RunContext
+
+
+def open_session(target: str, graph, rank: int, timeout_s: int, has_ps: bool):
+    # Only this rank's worker and the PS tasks: a session must not wait for other workers.
+    filters = [f"/job:worker/task:{rank}"] + (["/job:ps"] if has_ps else [])
+    config = tf.compat.v1.ConfigProto(device_filters=filters, allow_soft_placement=False,
+                                      operation_timeout_in_ms=timeout_s * 1000)
+    return tf.compat.v1.Session(target, graph=graph, config=config)
+
+
+@contextlib.contextmanager
+def cross_rank_errors(what: str, timeout_s: int):
+    """Turns the ways a dead or stalled peer shows up into one ClusterError naming the wait."""
+    try:
+        yield
+    except tf.errors.DeadlineExceededError as err:
+        raise ClusterError(f"{what}: no answer within --timeout_s={timeout_s}s while running "
+                           f"{_op_name(err)}; another rank has probably died or stalled") from None
+    except tf.errors.UnavailableError as err:
+        raise ClusterError(f"{what}: a server became unreachable ({_first_line(err)}); the rank "
+                           "hosting it has probably died") from None
+    except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError,
+            tf.errors.FailedPreconditionError) as err:
+        if "orovod" in err.message or "gloo" in err.message.lower():
+            raise ClusterError(f"{what}: Horovod stopped ({_first_line(err)}); a peer rank has "
+                               "probably died") from None
+        raise
+
+
+def initialise(sess, dgraph, values_io, initial_values, is_chief: bool, timeout_s: int) -> None:
+    """PS state once (rank 0), replicas everywhere, then broadcast from rank 0 behind a barrier."""
+    with cross_rank_errors("initialisation", timeout_s):
+        sess.run(dgraph.local_init)
+        if is_chief:
+            values_io.load(sess, initial_values)
+            sess.run(dgraph.chief_init)
+        sess.run(dgraph.barrier)        # nobody trains before PS variables are initialised
+        if dgraph.broadcast is not None:
+            sess.run(dgraph.broadcast)
+
+
+class StepStats:
+    def __init__(self):
+        self.times: List[float] = []
+        self.bytes: Dict[str, List[int]] = {}
+        self.examples = 0
+
+    def add(self, seconds: float, moved: Dict[str, int], examples: int) -> None:
+        self.times.append(seconds)
+        self.examples += examples
+        for route, n in moved.items():
+            self.bytes.setdefault(route, []).append(int(n))
+
+    def mean_bytes(self) -> Dict[str, float]:
+        return {route: float(np.mean(v)) for route, v in self.bytes.items()}
+
+
+def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, steps: int,
+          log: Callable[[int, float, "StepStats"], None], log_every: int, timeout_s: int):
+    losses: List[float] = []
+    stats = StepStats()
+    fetches = {"loss": dgraph.loss, "train": dgraph.train_op, "bytes": dgraph.bytes_per_step}
+    for step in range(steps):
+        ctx.step = step
+        feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
+        start = time.perf_counter()
+        with cross_rank_errors(f"step {step}", timeout_s):
+            out = sess.run(fetches, feeds)
+        losses.append(float(out["loss"]))
+        stats.add(time.perf_counter() - start, out["bytes"], _batch_size(feeds) * ctx.size)
+        if not np.isfinite(out["loss"]):
+            raise FloatingPointError(f"loss is {out['loss']} at step {step}; lower the learning rate "
+                                     "or check the input")
+        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
+            log(step + 1, losses[-1], stats)
+    return losses, stats
+
+
+def _batch_size(feeds) -> int:
+    for value in feeds.values():
+        shape = np.shape(value)
+        if shape:
+            return int(shape[0])
+    return 0
+
+
+def _op_name(err) -> str:
+    return err.op.name if getattr(err, "op", None) is not None else "a blocking op"
+
+
+def _first_line(err) -> str:
+    return err.message.strip().splitlines()[0][:200] if err.message else type(err).__name__

@@ -1,0 +1,8 @@
+"""Strategy `allreduce`: Every variable replicated; Horovod AllReduce for dense, allgather for IndexedSlices."""
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS  # noqa: F401
+from rewriters.common import BuildRequest, DistributedGraph
+from rewriters.sync import assemble
+
+
+def rewrite(request: BuildRequest) -> DistributedGraph:
+    return assemble(request, (ROUTE_ALLREDUCE,), "allreduce")

@@ -1,0 +1,157 @@
+"""The parameter-server route: variables sharded over PS tasks, synchronous aggregation.
+
+Per step every rank pushes its gradient (duplicates combined) into an accumulator next to the
+variable; with local aggregation the ranks of one host first sum into an accumulator on their
+own host's server and one of them pushes that sum. Rank 0 takes the sum once all have arrived,
+applies it with the optimizer on the server, bumps the global step and hands every other rank
+a token; the others wait for their token, so nobody reads a variable before it is updated.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import tensorflow as tf
+
+from rewriters.common import BuildRequest, Rebuilt, clone_optimizer, optimizer_state, tensor_bytes
+
+
+class PSRoute:
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, optimizer, global_step_var):
+        self.request, self.rebuilt, self.entries = request, rebuilt, entries
+        self.topo = request.topology
+        self.optimizer = clone_optimizer(optimizer)
+        self.global_step_var = global_step_var
+        self.chief_init: List[tf.Operation] = []
+        self.bytes = {}
+
+    def build(self) -> tf.Operation:
+        topo = self.topo
+        local_agg = self.request.plan.local_aggregation and topo.local_size > 1
+        num_required = len(self.topo.ranks_per_host) if local_agg else topo.size
+        pushes, pending, push_bytes = [], [], []
+        # An accumulator's time step advances on every take and it drops pushes from older
+        # steps, so each push carries the current global step.
+        step = self.global_step_var.read_value()
+        for entry in self.entries:
+            for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
+                if grad is None:
+                    continue
+                var = part.variable
+                with tf.device(topo.worker_device):
+                    grad = combine_duplicates(grad) if isinstance(grad, tf.IndexedSlices) else grad
+                shared = var.op.name + "/parallax_grad"
+                target = _accumulator(var, grad, shared, var.device)
+                if local_agg:
+                    host_acc = _accumulator(var, grad, f"{shared}_host{topo.host}", f"/job:ps/task:{topo.host}")
+                    push = _push(host_acc, grad, step)
+                    if topo.local_rank == 0:
+                        with tf.control_dependencies([push]):
+                            host_sum = _take(host_acc, grad, topo.local_size)
+                        push = _push(target, host_sum, step)
+                        push_bytes.append(tensor_bytes(host_sum))
+                else:
+                    push = _push(target, grad, step)
+                    push_bytes.append(tensor_bytes(grad))
+                pushes.append(push)
+                pending.append((target, grad, var))
+        self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
+        self.bytes["ps_pull"] = self._pull_bytes()
+        if topo.is_chief:
+            return self._chief_update(pushes, pending, num_required)
+        with tf.control_dependencies(pushes):
+            return _token_queue(topo.rank, self.request.plan, topo).dequeue().op
+
+    def _chief_update(self, pushes, pending, num_required) -> tf.Operation:
+        topo = self.topo
+        with tf.control_dependencies(pushes):
+            averaged = []
+            for acc, grad, var in pending:
+                total = _take(acc, grad, num_required)
+                averaged.append((_scale(total, 1.0 / topo.size), var))
+        apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
+        variables = [v for _, v in averaged]
+        self.chief_init.append(tf.compat.v1.variables_initializer(optimizer_state(self.optimizer, variables)))
+        tokens = []
+        with tf.control_dependencies([apply]):
+            for rank in range(1, topo.size):
+                queue = _token_queue(rank, self.request.plan, topo)
+                with tf.device(queue.queue_ref.device):
+                    tokens.append(queue.enqueue(tf.constant(0, tf.int64)))
+        return tf.group(apply, *tokens)
+
+    def _pull_bytes(self) -> tf.Tensor:
+        """Bytes of the forward's reads of PS variables (gathered rows, or whole dense values)."""
+        needed = _ancestors(self.rebuilt.model.loss.op)
+        sizes = []
+        for entry in self.entries:
+            for part in self.rebuilt.parts[entry.name]:
+                for op in part.variable.handle.consumers():
+                    if op.type in ("ResourceGather", "ReadVariableOp") and op in needed:
+                        sizes.append(tensor_bytes(op.outputs[0]))
+        return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
+
+
+def combine_duplicates(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sums the rows of repeated ids so each id crosses the network once."""
+    unique, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+def _accumulator(var, grad, shared_name, device):
+    with tf.device(device):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.compat.v1.SparseConditionalAccumulator(
+                var.dtype.base_dtype, shape=var.shape, shared_name=shared_name,
+                name=shared_name.replace(":", "_"), reduction_type="SUM")
+        return tf.compat.v1.ConditionalAccumulator(
+            var.dtype.base_dtype, shape=var.shape, shared_name=shared_name,
+            name=shared_name.replace(":", "_"), reduction_type="SUM")
+
+
+def _push(acc, grad, step) -> tf.Operation:
+    if isinstance(grad, tf.IndexedSlices):
+        return acc.apply_indexed_slices_grad(grad, local_step=step)
+    return acc.apply_grad(grad, local_step=step)
+
+
+def _take(acc, like, num_required):
+    if isinstance(like, tf.IndexedSlices):
+        return acc.take_indexed_slices_grad(num_required)
+    return acc.take_grad(num_required)
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def _token_queue(rank: int, plan, topo):
+    """Rank `rank`'s own token queue, on its host's server (one queue per rank: a shared queue
+    would let a fast rank take a slower rank's token and run a step ahead)."""
+    host = _host_of(rank, topo)
+    with tf.device(f"/job:ps/task:{host}"):
+        return tf.queue.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"parallax_token_{rank}",
+                                  name=f"parallax_token_{rank}")
+
+
+def _host_of(rank: int, topo) -> int:
+    start = 0
+    for host, count in enumerate(topo.ranks_per_host):
+        if rank < start + count:
+            return host
+        start += count
+    raise ValueError(f"rank {rank} is on no host of {topo.ranks_per_host}")
+
+
+def _ancestors(op) -> set:
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+        stack.extend(current.control_inputs)
+    return seen
