@@ -54,7 +54,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     topo = cluster.topology
     run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
     graph = tf.Graph()
-    with graph.as_default(), graph.container(run_id):
+    # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
+    # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
+    with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, run_id, opts.seed)
         dgraph = REWRITERS[opts.strategy](request)
         values_io = ValueIO(dgraph.parts, {v.name: v.layout for v in plan.variables})

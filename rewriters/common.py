@@ -164,7 +164,9 @@ def optimizer_state(optimizer, variables) -> List[tf.Variable]:
 
 def barrier_op(name: str) -> tf.Operation:
     import horovod.tensorflow as hvd
-    return hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name=name).op
+    # The input must not be a constant: grappler would fold the allreduce on the first run and
+    # every later run of the cached graph would pass without waiting for anyone.
+    return hvd.allreduce(tf.random.uniform([]), op=hvd.Sum, name=name).op
 
 
 def tensor_bytes(t) -> tf.Tensor:

@@ -1,0 +1,105 @@
+"""VGG-like CNN on small generated images with a large fully connected head (the dense model).
+
+Convolutions are tiny; the FC head (flatten -> 1024 -> 1024 -> classes) holds almost all the
+bytes, the situation where FC layers dominate communication.
+
+    python -m models.cnn --np 2 --steps 60
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+from absl import app, flags
+
+import parallax_tf as ptf   # also registers the toolkit's flags (--steps, --np, --seed, ...)
+from models import data, run_and_report
+
+flags.DEFINE_integer("cnn_image_size", 16, "Height and width of the generated images.")
+flags.DEFINE_integer("cnn_classes", 10, "Number of classes.")
+flags.DEFINE_list("cnn_conv_channels", ["16", "32"], "Channels per conv block (two 3x3 convs + 2x2 max pool each).")
+flags.DEFINE_list("cnn_fc_units", ["1024", "1024"], "Widths of the hidden fully connected layers.")
+flags.DEFINE_integer("cnn_batch", 32, "Images per rank per step.")
+flags.DEFINE_float("cnn_learning_rate", 0.01, "Momentum optimizer learning rate.")
+flags.DEFINE_float("cnn_momentum", 0.9, "Momentum.")
+flags.DEFINE_float("cnn_noise", 1.0, "Standard deviation of the noise added to the class patterns.")
+FLAGS = flags.FLAGS
+
+DEFAULTS = dict(image_size=16, classes=10, conv_channels=(16, 32), fc_units=(1024, 1024), batch=32,
+                learning_rate=0.01, momentum=0.9, noise=1.0)
+CHANNELS = 3
+
+
+def conv_block(x, index: int, channels: int):
+    """Two 3x3 conv + ReLU layers, then a 2x2 max pool, as in VGG."""
+    for layer in range(2):
+        with tf.compat.v1.variable_scope(f"conv{index}_{layer + 1}"):
+            kernel = tf.compat.v1.get_variable(
+                "kernel", [3, 3, int(x.shape[-1]), channels],
+                initializer=tf.compat.v1.variance_scaling_initializer(2.0, seed=100 + 10 * index + layer))
+            bias = tf.compat.v1.get_variable("bias", [channels], initializer=tf.compat.v1.zeros_initializer())
+            x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, kernel, strides=1, padding="SAME"), bias))
+    return tf.nn.max_pool2d(x, ksize=2, strides=2, padding="VALID")
+
+
+def dense(x, name: str, units: int, seed: int, relu: bool):
+    with tf.compat.v1.variable_scope(name):
+        kernel = tf.compat.v1.get_variable(
+            "kernel", [int(x.shape[-1]), units],
+            initializer=tf.compat.v1.variance_scaling_initializer(2.0 if relu else 1.0, seed=seed))
+        bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
+        y = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+    return tf.nn.relu(y) if relu else y
+
+
+def make_model_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAULTS["classes"],
+                  conv_channels: Sequence[int] = DEFAULTS["conv_channels"],
+                  fc_units: Sequence[int] = DEFAULTS["fc_units"],
+                  learning_rate: float = DEFAULTS["learning_rate"], momentum: float = DEFAULTS["momentum"]):
+    """model_fn() building the CNN; placeholders "images" float32 [batch, size, size, 3], "labels" int64."""
+    if image_size % 2 ** len(conv_channels):
+        raise ValueError(f"image_size {image_size} must be divisible by 2**{len(conv_channels)} (one pool per block)")
+
+    def model_fn():
+        images = tf.compat.v1.placeholder(tf.float32, [None, image_size, image_size, CHANNELS], name="images")
+        labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+        x = images
+        for index, channels in enumerate(conv_channels, start=1):
+            x = conv_block(x, index, int(channels))
+        x = tf.reshape(x, [-1, int(x.shape[1]) * int(x.shape[2]) * int(x.shape[3])])
+        for index, units in enumerate(fc_units, start=1):
+            x = dense(x, f"fc{index}", int(units), seed=200 + index, relu=True)
+        logits = dense(x, "logits", classes, seed=299, relu=False)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.MomentumOptimizer(learning_rate, momentum))
+    return model_fn
+
+
+def make_input_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAULTS["classes"],
+                  batch: int = DEFAULTS["batch"], noise: float = DEFAULTS["noise"], seed: int = 0):
+    """input_fn(ctx) -> {"images", "labels"}: per-class patterns plus noise (same patterns on every rank)."""
+    def input_fn(ctx):
+        rng = data.batch_rng(seed, ctx.rank, ctx.step)
+        images, labels = data.pattern_images(rng, batch, classes, image_size, image_size, CHANNELS, seed, noise)
+        return {"images": images, "labels": labels}
+    return input_fn
+
+
+model_fn = make_model_fn()
+input_fn = make_input_fn()
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    model = make_model_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes,
+                          conv_channels=[int(c) for c in FLAGS.cnn_conv_channels],
+                          fc_units=[int(u) for u in FLAGS.cnn_fc_units],
+                          learning_rate=FLAGS.cnn_learning_rate, momentum=FLAGS.cnn_momentum)
+    inputs = make_input_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes, batch=FLAGS.cnn_batch,
+                           noise=FLAGS.cnn_noise, seed=FLAGS.seed)
+    run_and_report("cnn", model, inputs)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,27 @@
+"""Runs on every rank: trains each named case with parallax_tf and saves what this rank got.
+
+usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...]"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import parallax_tf as ptf  # noqa: E402
+from tests import cases  # noqa: E402
+
+
+def main(out_dir, strategy, names):
+    for name in names:
+        _, model, optimizer, extra = cases.CASE_BY_NAME[name]
+        result = ptf.run(cases.build(model, optimizer), cases.input_fn_for(model), steps=cases.STEPS,
+                         strategy=strategy, log_every=0, **extra)
+        import horovod.tensorflow as hvd
+        arrays = {f"var:{k}": v for k, v in result.variables.items()}
+        layouts = {v.name: v.layout for v in result.plan.variables}
+        np.savez(os.path.join(out_dir, f"{name}.rank{hvd.rank()}.npz"), losses=np.array(result.losses),
+                 global_step=result.global_step, layouts=repr(layouts), **arrays)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

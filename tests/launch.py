@@ -1,0 +1,29 @@
+"""Starting real ranks from a test, always with a time limit."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+
+def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, env=None):
+    """Runs `python argv...` on np_ real ranks and returns the CompletedProcess (never hangs)."""
+    if launcher == "horovodrun":
+        command = [PYTHON, "-m", "horovod.runner.launch", "-np", str(np_), "-H", f"localhost:{np_}",
+                   "--gloo", PYTHON, *argv]
+    elif launcher == "mpirun":
+        command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
+                   "-x", "PYTHONPATH", "-x", "PATH", PYTHON, *argv]
+    else:
+        command = [PYTHON, *argv]
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+                    **(env or {}))
+    return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def tail(proc, lines: int = 60) -> str:
+    return "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-lines:])

@@ -1,0 +1,38 @@
+"""Single-device TensorFlow training on the concatenated batches: what every strategy must match."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tests import cases
+
+
+def train_single_device(model: str, optimizer: str, size: int, steps: int = cases.STEPS, seed: int = 0):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)     # parallax_tf's default --seed
+        built = cases.build(model, optimizer)()
+        train = built.optimizer.minimize(built.loss)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(steps):
+                feeds = {graph.get_tensor_by_name(k + ":0"): v
+                         for k, v in cases.global_batch(model, step, size).items()}
+                sess.run(train, feeds)
+            return _whole_values(sess)
+
+
+def _whole_values(sess):
+    groups = {}
+    for var in tf.compat.v1.trainable_variables():
+        info = var._get_save_slice_info()
+        groups.setdefault(info.full_name if info else var.op.name, []).append(var)
+    out = {}
+    for name, parts in groups.items():
+        parts.sort(key=lambda v: v._get_save_slice_info().var_offset[0] if v._get_save_slice_info() else 0)
+        out[name] = np.concatenate(sess.run(parts), axis=0) if len(parts) > 1 else sess.run(parts[0])
+    return out
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-12))

@@ -1,0 +1,68 @@
+"""N real ranks of every strategy end with the same variables as single-device TF trained on the
+concatenation of the ranks' batches (max |delta| / max |w| <= 1e-5; 1e-4 for Adam)."""
+import functools
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from tests import cases, launch, reference
+
+STRATEGIES = ("hybrid", "ps", "allreduce")
+SIZES = (2, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def job_output(strategy: str, size: int, launcher: str = "horovodrun") -> str:
+    """Runs every case once for (strategy, size) in one multi-rank job; returns its output dir."""
+    out = tempfile.mkdtemp(prefix=f"ptf-{strategy}-{size}-")
+    proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", out, strategy] + [c[0] for c in cases.CASES],
+                            launcher=launcher)
+    assert proc.returncode == 0, f"{launcher} job failed:\n{launch.tail(proc)}"
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def expected(model: str, optimizer: str, size: int):
+    return reference.train_single_device(model, optimizer, size)
+
+
+def _check_case(out_dir, name, size):
+    _, model, optimizer, _ = cases.CASE_BY_NAME[name]
+    want = expected(model, optimizer, size)
+    ranks = [np.load(os.path.join(out_dir, f"{name}.rank{r}.npz")) for r in range(size)]
+    tolerance = 1e-4 if optimizer == "adam" else 1e-5
+    for var_name, value in want.items():
+        got = ranks[0][f"var:{var_name}"]
+        assert got.shape == value.shape, f"{name}/{var_name}: shape {got.shape} != {value.shape}"
+        error = reference.relative_error(got, value)
+        assert error <= tolerance, f"{name}/{var_name}: relative error {error:.2e} > {tolerance}"
+        for other in ranks[1:]:    # every rank hands back the same whole variables
+            np.testing.assert_array_equal(other[f"var:{var_name}"], got)
+    assert sorted(k[4:] for k in ranks[0].files if k.startswith("var:")) == sorted(want)
+    assert all(int(r["global_step"]) == cases.STEPS for r in ranks), "global step is not one number"
+    # training really moved the variables away from where they started
+    initial = reference.train_single_device(model, optimizer, size, steps=0)
+    assert any(reference.relative_error(want[k], initial[k]) > 1e-3 for k in want)
+    return ranks
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("name", [c[0] for c in cases.CASES])
+def test_matches_single_device(strategy, size, name):
+    _check_case(job_output(strategy, size), name, size)
+
+
+@pytest.mark.parametrize("strategy", ("hybrid", "ps"))
+def test_auto_sharding_follows_lookup_layout(strategy):
+    out = job_output(strategy, 2)
+    assert "'emb': 'mod'" in str(np.load(os.path.join(out, "auto_mod.rank0.npz"))["layouts"])
+    assert "'emb': 'div'" in str(np.load(os.path.join(out, "auto_div.rank0.npz"))["layouts"])
+
+
+def test_hybrid_under_mpirun_matches_single_device():
+    out = job_output("hybrid", 2, launcher="mpirun")
+    for name in ("mixed_adam", "partitioned", "auto_mod"):
+        _check_case(out, name, 2)
