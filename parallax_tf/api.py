@@ -42,7 +42,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief)
     plan = _agree_on_plan(captured, opts, topo, cluster)
-    if topo.is_chief:
+    if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
     return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan)
 

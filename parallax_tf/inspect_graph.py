@@ -237,9 +237,10 @@ def _layer_kind(parts, gradient: str) -> str:
         return "conv"
     if types & _NORM_OPS:
         return "norm"
+    if types & {"While", "StatelessWhile"}:
+        return "recurrent"          # captured by a while_loop body: an RNN cell
     if types & _MATMUL_OPS:
-        in_loop = any(op._control_flow_context is not None for op in ops)  # while_loop body: an RNN cell
-        return "recurrent" if in_loop else "fully_connected"
+        return "fully_connected"
     if "BiasAdd" in types or len(parts[0].shape) == 1:
         return "bias"
     return "other"

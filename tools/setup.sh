@@ -12,7 +12,7 @@ TF_VERSION=2.21.*
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. System packages: OpenMPI so Horovod builds with both gloo and MPI (mpirun tests).
-if ! command -v mpirun >/dev/null 2>&1 || [ ! -e /usr/include/x86_64-linux-gnu/openmpi ] && [ ! -e /usr/lib/x86_64-linux-gnu/openmpi/include ]; then
+if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing OpenMPI, cmake, iproute2 from Debian"
     apt-get update -qq

@@ -59,8 +59,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     one_host = len(hosts) == 1
     address = bind_address or ("127.0.0.1" if one_host else _address_of(host_name))
     want = 2 if (with_ps and hvd.local_rank() == 0) else 1
-    offset = (base_port + hvd.local_rank() * 2) if base_port else None
-    ports = free_ports(address, want, offset)
+    ports = free_ports(address, want, base_port, hvd.local_rank())
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "ps": f"{address}:{ports[1]}" if want == 2 else None}
     everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
@@ -78,13 +77,20 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     return _CLUSTER
 
 
-def free_ports(address: str, count: int, start: Optional[int]) -> List[int]:
-    """`count` ports free on `address`: from `start` upwards when given, else any the OS picks."""
+PORT_WINDOW = 16   # ports each local rank may try from --port; windows never overlap
+
+
+def free_ports(address: str, count: int, base: Optional[int], local_rank: int = 0) -> List[int]:
+    """`count` free ports on `address`. With --port, local rank k searches only its own window
+    [base + k*PORT_WINDOW, base + (k+1)*PORT_WINDOW), so ranks probing at once never collide;
+    without it, the OS picks."""
     ports: List[int] = []
+    start = base + local_rank * PORT_WINDOW if base else None
     candidate = start
     while len(ports) < count:
-        if candidate is not None and candidate > 65535:
-            raise ClusterError(f"no free port on {address} from --port={start} up to 65535; pick another --port")
+        if candidate is not None and (candidate >= start + PORT_WINDOW or candidate > 65535):
+            raise ClusterError(f"local rank {local_rank} found fewer than {count} free port(s) on {address} "
+                               f"in {start}..{start + PORT_WINDOW - 1} (from --port={base}); pass another --port")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind((address, candidate or 0))

@@ -16,7 +16,10 @@ from parallax_tf.model import RunContext
 def open_session(target: str, graph, rank: int, timeout_s: int, has_ps: bool):
     # Only this rank's worker and the PS tasks: a session must not wait for other workers.
     filters = [f"/job:worker/task:{rank}"] + (["/job:ps"] if has_ps else [])
-    config = tf.compat.v1.ConfigProto(device_filters=filters, allow_soft_placement=False,
+    # Soft placement settles what TF's own gradient code colocates with a PS variable while we
+    # asked for the worker (zeros for a variable read inside a while loop), as TF1's
+    # MonitoredTrainingSession does; every op is still placed explicitly by the rewriter.
+    config = tf.compat.v1.ConfigProto(device_filters=filters, allow_soft_placement=True,
                                       operation_timeout_in_ms=timeout_s * 1000)
     return tf.compat.v1.Session(target, graph=graph, config=config)
 

@@ -1,0 +1,35 @@
+"""A training script with one thing wrong, chosen by --case; run as a user would run it."""
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import parallax_tf as ptf  # noqa: E402
+from tests import cases  # noqa: E402
+
+flags.DEFINE_string("case", "ok", "what to get wrong")
+flags.DEFINE_integer("die_at_step", -1, "rank 1 exits abruptly at this step (simulates a lost rank)")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    model_fn = cases.build("mixed", "sgd")
+    input_fn = cases.input_fn_for("mixed")
+    if FLAGS.case == "missing_placeholder":
+        input_fn = lambda ctx: {"ids": cases.batch("mixed", ctx.rank, ctx.step)["ids"]}  # no labels
+    if FLAGS.die_at_step >= 0:
+        inner = input_fn
+
+        def input_fn(ctx):
+            if ctx.rank == 1 and ctx.step == FLAGS.die_at_step:
+                os._exit(17)
+            return inner(ctx)
+    result = ptf.run(model_fn, input_fn)
+    print(f"trained global_step={result.global_step} loss={result.losses[-1]:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

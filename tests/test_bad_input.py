@@ -1,0 +1,120 @@
+"""Every mistake a user can make gets one clear message and a non-zero exit, never a hang."""
+import socket
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax_tf as ptf
+from tests import cases, launch
+
+
+def _run_plan_only(model_fn, input_fn=None, **kw):
+    return ptf.run(model_fn, input_fn, plan_only=True, **kw)
+
+
+def _emb_model(loss_fn=None, optimizer=True, extra=None):
+    def model_fn():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 3], name="ids")
+        emb = tf.compat.v1.get_variable("emb", [10, 2])
+        rows = tf.compat.v1.nn.embedding_lookup(emb, ids)
+        if extra:
+            extra(emb)
+        loss = loss_fn(rows) if loss_fn else tf.reduce_mean(rows)
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1) if optimizer else None)
+    return model_fn
+
+
+FEEDS = lambda ctx: {"ids": np.zeros([2, 3], np.int64)}  # noqa: E731
+
+
+def test_no_loss():
+    with pytest.raises(ptf.ModelError, match="no loss"):
+        _run_plan_only(lambda: ptf.Model(loss=None, optimizer=tf.compat.v1.train.AdamOptimizer()))
+
+
+def test_no_optimizer():
+    with pytest.raises(ptf.ModelError, match="no optimizer"):
+        _run_plan_only(_emb_model(optimizer=False), FEEDS)
+
+
+def test_non_scalar_loss():
+    with pytest.raises(ptf.ModelError, match=r"shape \(None, 3, 2\).*must be a scalar"):
+        _run_plan_only(_emb_model(loss_fn=lambda rows: rows), FEEDS)
+
+
+def test_returns_something_else():
+    with pytest.raises(ptf.ModelError, match="return parallax_tf.Model"):
+        _run_plan_only(lambda: tf.constant(1.0))
+
+
+def test_no_trainable_variables():
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        return ptf.Model(loss=tf.reduce_mean(x), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    with pytest.raises(ptf.ModelError, match="no trainable variables"):
+        _run_plan_only(model_fn, lambda ctx: {"x": np.ones(2, np.float32)})
+
+
+def test_variable_changed_outside_optimizer_is_named():
+    model_fn = _emb_model(extra=lambda emb: emb.assign_add(tf.ones_like(emb)))
+    with pytest.raises(ptf.ModelError, match="variable 'emb' is changed outside the optimizer"):
+        _run_plan_only(model_fn, FEEDS)
+
+
+def test_input_fn_missing_placeholder_is_named():
+    with pytest.raises(ptf.InputError, match=r"did not provide placeholder\(s\) \['labels'\]"):
+        _run_plan_only(cases.build("mixed", "sgd"), lambda ctx: {"ids": np.zeros([2, 3], np.int64)})
+
+
+def test_no_input_fn_but_placeholders():
+    with pytest.raises(ptf.InputError, match="no input_fn was given"):
+        _run_plan_only(cases.build("mixed", "sgd"))
+
+
+def test_unknown_strategy():
+    with pytest.raises(ptf.ConfigError, match="unknown strategy 'bogus'; choose one of hybrid, ps, allreduce"):
+        _run_plan_only(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), strategy="bogus")
+
+
+def test_np_below_one():
+    with pytest.raises(ptf.ConfigError, match="--np must be at least 1, got 0"):
+        _run_plan_only(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), np=0)
+
+
+# ---- the same mistakes as a user meets them: a script, real ranks, an exit status ----------
+
+def test_missing_placeholder_on_two_ranks_exits_nonzero_with_message():
+    start = time.time()
+    proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--case=missing_placeholder", "--np=2"],
+                            launcher="python", timeout=180)
+    assert proc.returncode != 0
+    assert "InputError: input_fn did not provide placeholder(s) ['labels']" in proc.stderr
+    assert time.time() - start < 120
+
+
+def test_unknown_strategy_flag_is_rejected_by_absl():
+    proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--strategy=bogus"], launcher="python", timeout=120)
+    assert proc.returncode != 0
+    assert "--strategy=bogus: value should be one of <hybrid|ps|allreduce>" in proc.stderr
+
+
+def test_busy_port_moves_to_next_free_one():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        proc = launch.run_ranks(2, ["tests/jobs/bad_input_job.py", f"--port={port}", "--steps=3", "--log_every=0"],
+                                timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    assert proc.stdout.count("trained global_step=3") == 2
+
+
+def test_lost_rank_stops_the_job_with_a_message():
+    start = time.time()
+    proc = launch.run_ranks(2, ["tests/jobs/bad_input_job.py", "--die_at_step=2", "--steps=50", "--timeout_s=30"],
+                            timeout=180)
+    assert proc.returncode != 0
+    assert "exit code: 17" in (proc.stdout + proc.stderr).lower()
+    assert time.time() - start < 90
