@@ -17,7 +17,7 @@ flags.DEFINE_integer("steps", 100, "Training steps.")
 flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
 flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
 flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: from the plan).")
-flags.DEFINE_float("partition_threshold_mb", 16.0, "Sparse variables larger than this are sharded.")
+flags.DEFINE_float("partition_threshold_mb", 8.0, "Sparse variables larger than this are sharded.")
 flags.DEFINE_bool("local_aggregation", True, "Sum sparse gradients of a host's ranks before sending.")
 flags.DEFINE_integer("port", None, "First port to try for the TF servers (default: any free port).")
 flags.DEFINE_string("bind_address", None, "Address the TF servers bind to (default: loopback when "

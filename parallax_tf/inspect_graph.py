@@ -181,10 +181,14 @@ def _needed_placeholders(loss) -> List[str]:
     return sorted(found)
 
 
+def _storage(variable) -> tf.Tensor:
+    """The tensor ops use to reach a variable: its resource handle, or a ref variable's ref."""
+    handle = getattr(variable, "handle", None)
+    return handle if handle is not None and handle.dtype == tf.resource else variable.op.outputs[0]
+
+
 def _check_no_outside_writes(graph, trainable) -> None:
-    targets = {}
-    for v in trainable:
-        targets[(v.handle if hasattr(v, "handle") and v.handle.dtype == tf.resource else v.op.outputs[0]).name] = v
+    targets = {_storage(v).name: v for v in trainable}
     initializers = {v.initializer.name for v in trainable}
     for op in graph.get_operations():
         if op.type in _WRITE_OPS and op.name not in initializers and op.inputs:
@@ -211,8 +215,7 @@ def _rows_touched(sess, groups, feeds) -> Dict[str, int]:
 
 def _consumers(variable):
     """Ops that use the variable's value, looking through reads, casts and loop plumbing."""
-    start = variable.handle if variable.handle.dtype == tf.resource else variable.op.outputs[0]
-    frontier, seen, found = [start], set(), []
+    frontier, seen, found = [_storage(variable)], set(), []
     for _ in range(6):
         nxt = []
         for tensor in frontier:

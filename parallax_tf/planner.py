@@ -13,7 +13,7 @@ FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllRedu
 
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
-              partitions: Optional[int] = None, partition_threshold_bytes: int = 16 * 2**20,
+              partitions: Optional[int] = None, partition_threshold_bytes: int = 8 * 2**20,
               local_aggregation: bool = True) -> Plan:
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")

@@ -41,10 +41,33 @@ def _ids():
     return tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_EXAMPLE], name="ids")
 
 
+def _dataset_batches(ctx):
+    """This rank's batches from its own tf.data pipeline: no input_fn, nothing fed."""
+    per_step = [batch("mixed", ctx.rank, step) for step in range(STEPS)]
+    stacked = {k: np.stack([b[k] for b in per_step]) for k in per_step[0]}
+    dataset = tf.data.Dataset.from_tensor_slices(stacked)
+    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
 def build(model: str, optimizer: str):
-    """model_fn for a named case."""
-    def model_fn():
-        if model in ("mixed", "duplicates", "auto_mod"):
+    """model_fn(ctx) for a named case."""
+    def model_fn(ctx=None):
+        if model == "tfdata":
+            feeds = _dataset_batches(ctx)
+            features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), feeds["ids"]), axis=1)
+            labels = feeds["labels"]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=_dense_head(features)))
+        elif model == "ref_vars":          # non-resource (v1 "ref") variables
+            emb = tf.compat.v1.get_variable("emb", [VOCAB, DIM], use_resource=False,
+                                            initializer=tf.compat.v1.random_normal_initializer(seed=1))
+            features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(emb, _ids()), axis=1)
+            w = tf.compat.v1.get_variable("w", [DIM, CLASSES], use_resource=False,
+                                          initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+            b = tf.compat.v1.get_variable("b", [CLASSES], use_resource=False,
+                                          initializer=tf.compat.v1.zeros_initializer())
+            loss = _classification_loss(tf.nn.bias_add(tf.matmul(features, w), b))
+        elif model in ("mixed", "duplicates", "auto_mod"):
             features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), _ids()), axis=1)
             loss = _classification_loss(_dense_head(features))
         elif model == "auto_div":        # TF2 lookup: contiguous ("div") rows per shard
@@ -82,6 +105,7 @@ def build(model: str, optimizer: str):
 
 
 def batch(model: str, rank: int, step: int) -> dict:
+    model = "mixed" if model in ("tfdata", "ref_vars") else model
     rng = np.random.RandomState(1000 * step + rank)
     if model == "dense_only":
         return {"x": rng.randn(BATCH, DIM), "labels": rng.randint(0, CLASSES, BATCH)}
@@ -95,6 +119,8 @@ def batch(model: str, rank: int, step: int) -> dict:
 
 
 def input_fn_for(model: str):
+    if model == "tfdata":
+        return None
     return lambda ctx: batch(model, ctx.rank, ctx.step)
 
 
@@ -112,5 +138,8 @@ CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in OPTIMIZERS] + [
     ("rnn", "rnn", "sgd", {}),
     ("auto_mod", "auto_mod", "adagrad", {"partitions": 2}),
     ("auto_div", "auto_div", "momentum", {"partitions": 2}),
+    ("no_local_aggregation", "mixed", "adagrad", {"local_aggregation": False}),
+    ("tfdata", "tfdata", "momentum", {}),
+    ("ref_vars", "ref_vars", "adagrad", {}),
 ]
 CASE_BY_NAME = {c[0]: c for c in CASES}

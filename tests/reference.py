@@ -11,7 +11,8 @@ def train_single_device(model: str, optimizer: str, size: int, steps: int = case
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)     # parallax_tf's default --seed
-        built = cases.build(model, optimizer)()
+        # tf.data reads this rank's batches itself; the reference is fed the global batch instead
+        built = cases.build("mixed" if model == "tfdata" else model, optimizer)()
         train = built.optimizer.minimize(built.loss)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())

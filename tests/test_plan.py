@@ -1,0 +1,107 @@
+"""inspect and plan without any ranks: classification, routes, shards, JSON, the table."""
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax_tf as ptf
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import RunContext
+from parallax_tf.planner import make_plan
+from tests import cases, launch
+
+
+def _capture(model, optimizer="sgd"):
+    return capture(cases.build(model, optimizer), cases.input_fn_for(model), RunContext(), seed=0)
+
+
+def test_inspect_classifies_gradients_and_layers():
+    info = {v.name: v for v in _capture("mixed").variables}
+    assert (info["emb"].gradient, info["emb"].layer) == ("sparse", "embedding")
+    assert (info["w"].gradient, info["w"].layer) == ("dense", "fully_connected")
+    assert (info["b"].gradient, info["b"].layer) == ("dense", "bias")
+    assert info["emb"].bytes == cases.VOCAB * cases.DIM * 4
+    # one batch of 4 examples x 3 ids touches at most 12 distinct rows, and at least one
+    assert 1 <= info["emb"].rows_touched <= 12
+
+
+def test_inspect_rows_touched_counts_distinct_ids():
+    info = {v.name: v for v in _capture("duplicates").variables}
+    ids = cases.batch("duplicates", 0, 0)["ids"]
+    assert info["emb"].rows_touched == len(np.unique(ids))
+
+
+def test_inspect_recurrent_and_user_partitioned():
+    info = {v.name: v for v in _capture("rnn").variables}
+    assert info["cell_w"].layer == "recurrent"
+    part = {v.name: v for v in _capture("partitioned").variables}["emb"]
+    assert part.user_partitioned and part.part_rows == [7, 7, 7] and part.shape == [21, 4]
+
+
+def test_variable_used_sparse_and_dense_is_dense():
+    def model_fn():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        emb = tf.compat.v1.get_variable("emb", [10, 2])
+        loss = tf.reduce_mean(tf.gather(emb, ids)) + tf.reduce_sum(emb)
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    got = capture(model_fn, lambda ctx: {"ids": np.arange(3)}, RunContext(), seed=0)
+    assert got.variables[0].gradient == "dense"
+    plan = make_plan(got, "hybrid", num_ranks=2, num_hosts=1)
+    assert plan.variables[0].route == "allreduce"
+
+
+@pytest.mark.parametrize("strategy,emb_route,w_route", [
+    ("hybrid", "ps", "allreduce"), ("ps", "ps", "ps"), ("allreduce", "allreduce", "allreduce")])
+def test_routes_per_strategy(strategy, emb_route, w_route):
+    plan = make_plan(_capture("mixed"), strategy, num_ranks=4, num_hosts=2).by_name()
+    assert plan["emb"].route == emb_route and plan["w"].route == w_route
+
+
+def test_sharding_threshold_override_and_server_spread():
+    captured = _capture("mixed")
+    small = make_plan(captured, "hybrid", 4, 2).by_name()["emb"]
+    assert small.partitions == 1                      # 320 bytes: under the threshold
+    big = make_plan(captured, "hybrid", 4, 2, partition_threshold_bytes=100).by_name()["emb"]
+    assert big.partitions == 4 and sorted({s.server for s in big.shards}) == [0, 1]
+    assert [s.row_end - s.row_start for s in big.shards] == [5, 5, 5, 5]
+    forced = make_plan(captured, "hybrid", 4, 2, partitions=3).by_name()["emb"]
+    assert [(s.row_start, s.row_end) for s in forced.shards] == [(0, 7), (7, 14), (14, 20)]
+    assert [s.name for s in forced.shards] == ["emb/part_0", "emb/part_1", "emb/part_2"]
+
+
+def test_tf_variable_is_never_partitioned_and_says_why():
+    def model_fn():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        emb = tf.Variable(tf.ones([10, 2]), name="emb")
+        return ptf.Model(loss=tf.reduce_mean(tf.gather(emb, ids)),
+                         optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    got = capture(model_fn, lambda ctx: {"ids": np.arange(3)}, RunContext(), seed=0)
+    entry = make_plan(got, "hybrid", 2, 1, partitions=2).variables[0]
+    assert entry.partitions == 1 and "created by tf.Variable" in entry.reason
+
+
+def test_bytes_estimates():
+    plan = make_plan(_capture("mixed"), "hybrid", num_ranks=4, num_hosts=1).by_name()
+    assert plan["w"].bytes_per_step == int(2 * 3 / 4 * cases.DIM * cases.CLASSES * 4)   # ring AllReduce
+    rows = _capture("mixed").variables[0].rows_touched
+    assert plan["emb"].bytes_per_step == rows * (cases.DIM * 4 + 8) + rows * cases.DIM * 4   # push + pull
+
+
+def test_plan_round_trips_json_and_prints_a_table():
+    plan = make_plan(_capture("partitioned"), "hybrid", 2, 1)
+    again = ptf.Plan.from_json(plan.to_json())
+    assert again == plan
+    table = plan.table()
+    assert table.splitlines()[0].split() == ["variable", "shape", "MB", "grad", "layer", "route", "shards",
+                                             "est.", "bytes/step"]
+    assert "emb       21x4" in table and "3 (user)" in table
+
+
+def test_lm_plan_only_puts_embedding_and_softmax_on_sharded_ps():
+    proc = launch.run_ranks(1, ["-m", "models.lm", "--plan_only", "--np=2"], launcher="python", timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line[:1].isalpha()}
+    for sparse in ("embedding", "softmax_w"):
+        assert rows[sparse][3:7] == ["sparse", "embedding", "ps", "2"], rows[sparse]
+    assert rows["lstm/kernel"][3:6] == ["dense", "fully_connected", "allreduce"]
