@@ -12,7 +12,7 @@ import tensorflow as tf
 from parallax_tf import flags as ptf_flags
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
-from parallax_tf.plan import Plan, ROUTE_PS, _human_bytes
+from parallax_tf.plan import Plan, ROUTE_PS, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, session
@@ -120,14 +120,14 @@ def _progress_printer(total: int):
         step_s = sum(recent) / len(recent)
         rate = stats.examples / len(stats.times) / step_s if stats.examples else 0.0
         eta = (total - step) * step_s
-        moved = " ".join(f"{route}={_human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
+        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
         print(f"step {step}/{total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
               f"eta {eta:.0f}s bytes/step {moved or '0'}", flush=True)
     return log
 
 
 def _print_summary(result: Result, steps: int) -> None:
-    moved = ", ".join(f"{r} {_human_bytes(b)}" for r, b in sorted(result.bytes_per_step.items()) if b)
+    moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(result.bytes_per_step.items()) if b)
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, "
           f"{rate}, final loss {result.losses[-1] if result.losses else float('nan'):.4f}; "

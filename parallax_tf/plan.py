@@ -91,21 +91,21 @@ class Plan:
             if v.route == ROUTE_PS and v.user_partitioned:
                 shards += " (user)"
             rows.append((v.name, "x".join(map(str, v.shape)) or "scalar", f"{v.bytes / 2**20:.2f}",
-                         v.gradient, v.layer, v.route, shards, _human_bytes(v.bytes_per_step)))
+                         v.gradient, v.layer, v.route, shards, human_bytes(v.bytes_per_step)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         total = sum(v.bytes_per_step for v in self.variables)
         lines.append(f"strategy={self.strategy} ranks={self.num_ranks} hosts={self.num_hosts} "
                      f"local_aggregation={self.local_aggregation} "
-                     f"est. bytes/step/rank={_human_bytes(total)}")
+                     f"est. bytes/step/rank={human_bytes(total)}")
         return "\n".join(lines)
 
     def reasons(self) -> str:
         return "\n".join(f"{v.name}: {v.reason}" for v in self.variables)
 
 
-def _human_bytes(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"

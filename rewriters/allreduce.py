@@ -1,5 +1,5 @@
-"""Strategy `allreduce`: Every variable replicated; Horovod AllReduce for dense, allgather for IndexedSlices."""
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS  # noqa: F401
+"""Strategy `allreduce`: every variable replicated; Horovod AllReduce for dense gradients, allgather for IndexedSlices."""
+from parallax_tf.plan import ROUTE_ALLREDUCE
 from rewriters.common import BuildRequest, DistributedGraph
 from rewriters.sync import assemble
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from parallax_tf.inspect_graph import call_model_fn, logical_name
 from parallax_tf.model import RunContext
-from parallax_tf.plan import ROUTE_PS, Plan, VariablePlan
+from parallax_tf.plan import ROUTE_PS, Plan
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 
@@ -174,7 +174,3 @@ def tensor_bytes(t) -> tf.Tensor:
     if isinstance(t, tf.IndexedSlices):
         return tensor_bytes(t.values) + tensor_bytes(t.indices)
     return tf.cast(tf.size(t, out_type=tf.int64), tf.int64) * t.dtype.size
-
-
-def entries_on(plan: Plan, route: str) -> List[VariablePlan]:
-    return plan.on_route(route)

@@ -1,5 +1,5 @@
 """Strategy `hybrid`: Parallax: sparse variables on parameter servers, dense ones through Horovod AllReduce."""
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS  # noqa: F401
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from rewriters.common import BuildRequest, DistributedGraph
 from rewriters.sync import assemble
 

@@ -1,5 +1,5 @@
-"""Strategy `ps`: Every variable on parameter servers (sharded, synchronous, local aggregation)."""
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS  # noqa: F401
+"""Strategy `ps`: every variable on parameter servers (sharded, synchronous, local aggregation)."""
+from parallax_tf.plan import ROUTE_PS
 from rewriters.common import BuildRequest, DistributedGraph
 from rewriters.sync import assemble
 
