@@ -12,11 +12,14 @@ import tensorflow as tf
 from parallax_tf import flags as ptf_flags
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
+from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.errors import ConfigError
 from parallax_tf.plan import Plan, ROUTE_PS, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, session
-from parallax_tf.values import ValueIO
+from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries
+from parallax_tf.values import StateIO, collect_state
 
 _RUN_IDS = itertools.count()
 
@@ -34,10 +37,12 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.timeout_s))
     _bound_horovod_stalls(opts.timeout_s)
+    if opts.timeline:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
+        os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline + ".horovod.json")
     cluster = cluster_lib.start_cluster(opts.bind_address, opts.port)
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
-        raise ptf_flags.ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
+        raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                                     "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief)
@@ -59,31 +64,63 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, run_id, opts.seed)
         dgraph = REWRITERS[opts.strategy](request)
-        values_io = ValueIO(dgraph.parts, {v.name: v.layout for v in plan.variables})
+        state_io = StateIO(collect_state(dgraph, {v.name: v.layout for v in plan.variables}))
     graph.finalize()
-    has_ps = bool(plan.on_route(ROUTE_PS))
-    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, has_ps)
+    store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
+    start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
+    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, bool(plan.on_route(ROUTE_PS)))
+    hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
+    tracer = StepTracer(opts.timeline if topo.is_chief else None, opts.timeline_steps)
     try:
-        session.initialise(sess, dgraph, values_io, captured.initial_values, topo.is_chief, opts.timeout_s)
-        started = time.perf_counter()
-        log = _progress_printer(opts.steps) if topo.is_chief else (lambda *a: None)
-        losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, opts.steps,
-                                      log, opts.log_every, opts.timeout_s)
-        wall = time.perf_counter() - started
+        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, opts.timeout_s)
+        if topo.is_chief and start:
+            print(f"resumed from {store.latest()} at step {start}", flush=True)
+        began = time.perf_counter()
+        losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
+                                      hooks, tracer, opts.timeout_s)
+        wall = time.perf_counter() - began
         with session.cross_rank_errors("collecting results", opts.timeout_s):
             sess.run(dgraph.barrier)
-            variables = values_io.read(sess)
+            variables = state_io.read(sess, keys=list(dgraph.parts))
             global_step = int(sess.run(dgraph.global_step))
         sess.run(dgraph.barrier)    # nobody leaves (and stops its servers) while others read
     finally:
         sess.close()
         tf.compat.v1.Session.reset(cluster.target, [run_id])
-    result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step,
+    result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
-                    bytes_per_step=stats.mean_bytes())
+                    bytes_per_step=stats.mean_bytes(),
+                    checkpoint=checkpointer.last_path if checkpointer else None)
     if topo.is_chief and opts.log_every:
-        _print_summary(result, opts.steps)
+        _print_summary(result)
     return result
+
+
+def _start_values(store, captured, state_io):
+    """Rank 0's starting point: the latest checkpoint if there is one, else single-device init."""
+    path = store.latest() if store else None
+    if path is None:
+        return captured.initial_values
+    values, _ = CheckpointStore.load(path)
+    missing = sorted(set(state_io.entries) - set(values))
+    if missing:
+        raise ConfigError(f"checkpoint {path} lacks {missing}; it was written for another model or "
+                          "optimizer. Point --ckpt_dir at an empty directory to start afresh")
+    return {key: values[key] for key in state_io.entries}
+
+
+def _hooks(opts, topo, store, state_io, sess):
+    if not topo.is_chief:
+        return [], None
+    hooks, checkpointer = [], None
+    if opts.log_every:
+        hooks.append(Progress(opts.steps, opts.log_every))
+    if store is not None:
+        checkpointer = Checkpointer(store, lambda: state_io.read(sess), opts.ckpt_every, opts.ckpt_secs)
+        hooks.append(checkpointer)
+    if opts.logdir:
+        hooks.append(Summaries(opts.logdir))
+    return hooks, checkpointer
 
 
 def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
@@ -114,21 +151,10 @@ def _bound_horovod_stalls(timeout_s: int) -> None:
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(timeout_s))
 
 
-def _progress_printer(total: int):
-    def log(step: int, loss: float, stats) -> None:
-        recent = stats.times[-10:]
-        step_s = sum(recent) / len(recent)
-        rate = stats.examples / len(stats.times) / step_s if stats.examples else 0.0
-        eta = (total - step) * step_s
-        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
-        print(f"step {step}/{total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
-              f"eta {eta:.0f}s bytes/step {moved or '0'}", flush=True)
-    return log
-
-
-def _print_summary(result: Result, steps: int) -> None:
+def _print_summary(result: Result) -> None:
     moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(result.bytes_per_step.items()) if b)
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
-    print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, "
-          f"{rate}, final loss {result.losses[-1] if result.losses else float('nan'):.4f}; "
-          f"mean bytes/step/rank: {moved or 'none'}", flush=True)
+    steps = result.global_step - result.start_step
+    print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
+          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step/rank: "
+          f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}", flush=True)

@@ -24,6 +24,14 @@ flags.DEFINE_string("bind_address", None, "Address the TF servers bind to (defau
                     "all ranks are on one host, else the host's address).")
 flags.DEFINE_integer("timeout_s", 120, "Longest any cross-rank wait may take before the run fails.")
 flags.DEFINE_integer("seed", 0, "Graph-level random seed, the same on every rank.")
+flags.DEFINE_string("ckpt_dir", None, "Write checkpoints here and resume from the latest one.")
+flags.DEFINE_integer("ckpt_every", 0, "Checkpoint every this many steps (0: only by time/at the end).")
+flags.DEFINE_float("ckpt_secs", 0, "Checkpoint at most this many seconds apart (0: off).")
+flags.DEFINE_integer("ckpt_keep", 3, "Checkpoints kept; older ones are deleted.")
+flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
+flags.DEFINE_string("timeline", None, "Chrome trace of the --timeline_steps steps (PATH) plus "
+                    "Horovod's timeline (PATH.horovod.json).")
+flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline.")
 
 
 @dataclasses.dataclass
@@ -40,6 +48,13 @@ class Options:
     bind_address: Optional[str]
     timeout_s: int
     seed: int
+    ckpt_dir: Optional[str]
+    ckpt_every: int
+    ckpt_secs: float
+    ckpt_keep: int
+    logdir: Optional[str]
+    timeline: Optional[str]
+    timeline_steps: list
 
 
 def resolve(**overrides) -> Options:
@@ -59,6 +74,12 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--steps must be >= 0, got {options.steps}")
     if options.partitions is not None and options.partitions < 1:
         raise ConfigError(f"--partitions must be >= 1, got {options.partitions}")
+    try:
+        options.timeline_steps = [int(s) for s in options.timeline_steps]
+    except ValueError:
+        raise ConfigError(f"--timeline_steps takes step numbers, got {options.timeline_steps}") from None
+    if options.ckpt_every < 0 or options.ckpt_secs < 0 or options.ckpt_keep < 1:
+        raise ConfigError("--ckpt_every and --ckpt_secs must be >= 0 and --ckpt_keep >= 1")
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
     return options

@@ -30,6 +30,8 @@ class Result:
     losses: List[float]                # this rank's loss per step
     plan: object = None
     global_step: int = 0
+    start_step: int = 0                # > 0 when the run resumed from a checkpoint
+    checkpoint: Optional[str] = None   # the last checkpoint written or resumed from
     wall_time_s: float = 0.0
     examples_per_s: Optional[float] = None
     bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)

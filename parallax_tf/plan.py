@@ -44,7 +44,8 @@ class VariablePlan:
     bytes_per_step: int             # estimated bytes one rank moves for it per step
     shards: List[Shard] = dataclasses.field(default_factory=list)
     user_partitioned: bool = False  # the model itself partitioned it (fixed_size_partitioner)
-    layout: str = "div"             # how rows map to shards: "div" contiguous, "mod" strided
+    layout: str = "div"             # rows on shards: "div" contiguous, "mod" strided; the
+                                    # rewriter sets it from how the lookups read the shards
     fusion_group: Optional[int] = None  # AllReduce: tensors of one group go in one fused call
     # Parameters of the route, for later techniques (stage index, staleness, FC node, ...).
     params: Dict[str, object] = dataclasses.field(default_factory=dict)

@@ -1,14 +1,22 @@
 """Moving whole single-device values in and out of a distributed graph's pieces.
 
-Used to start from the single-device initial values and to hand back whole variables; the
-split/merge follows each variable's layout ("div": contiguous rows, "mod": row i on shard i % P).
+Every piece of training state gets the key a plain single-device `tf.compat.v1.train.Saver`
+would give it: "emb" for a (possibly sharded) variable, "emb/Adagrad" for its slot,
+"beta1_power" for an optimizer's non-slot variable. Values are whole: split into shards on
+the way in and merged on the way out following each variable's layout ("div": contiguous
+rows, "mod": row i on shard i % P). Starting from single-device initial values, restoring a
+checkpoint and handing back results all go through here.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
+
+GLOBAL_STEP_KEY = "parallax_global_step"
 
 
 def split(whole: np.ndarray, row_ranges: List[tuple], layout: str) -> List[np.ndarray]:
@@ -31,35 +39,83 @@ def merge(pieces: List[np.ndarray], layout: str) -> np.ndarray:
     return whole
 
 
-class ValueIO:
+@dataclasses.dataclass
+class Piece:
+    variable: object
+    row_start: int
+    row_end: int
+
+
+@dataclasses.dataclass
+class Entry:
+    """One checkpoint key: one or more copies (e.g. Adam's beta powers kept by two optimizers),
+    each a list of pieces that together make the whole value."""
+    copies: List[List[Piece]]
+    layout: str = "div"
+
+
+def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
+    """Model variables, optimizer slots, non-slot variables and the global step of a graph."""
+    entries: Dict[str, Entry] = {}
+    owner = {}
+    for name, parts in dgraph.parts.items():
+        entries[name] = Entry([[Piece(p.variable, p.row_start, p.row_end) for p in parts]],
+                              layouts.get(name, "div"))
+        for p in parts:
+            owner[p.variable.name] = (name, p)
+    for optimizer, variables in dgraph.optimizers:
+        for var in variables:
+            name, part = owner[var.name]
+            for slot_name in optimizer.get_slot_names():
+                slot = optimizer.get_slot(var, slot_name)
+                if slot is None:
+                    continue
+                suffix = slot.op.name[len(var.op.name) + 1:]   # "Adagrad", "Adam_1", ...
+                entry = entries.setdefault(f"{name}/{suffix}", Entry([[]], layouts.get(name, "div")))
+                entry.copies[0].append(Piece(slot, part.row_start, part.row_end))
+                entry.copies[0].sort(key=lambda piece: piece.row_start)
+        for var in optimizer._non_slot_dict.values():   # beta powers: no public accessor in v1
+            # a second optimizer's "beta1_power_1" is a copy of the single-device "beta1_power"
+            key = re.sub(r"_\d+$", "", var.op.name)
+            entries.setdefault(key, Entry([])).copies.append([Piece(var, 0, 1)])
+    entries[GLOBAL_STEP_KEY] = Entry([[Piece(dgraph.global_step_var, 0, 1)]])
+    return entries
+
+
+class StateIO:
     """Placeholders and assign ops for every piece; built while the graph is still open."""
 
-    def __init__(self, parts: Dict[str, list], layouts: Dict[str, str]):
-        self.parts, self.layouts = parts, layouts
+    def __init__(self, entries: Dict[str, Entry]):
+        self.entries = entries
         self._feed, self._assign, self._read = {}, {}, {}
         with tf.name_scope("parallax_values"):
-            for name, pieces in parts.items():
-                for part in pieces:
-                    var = part.variable
-                    placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
-                    self._feed[var.name] = placeholder
-                    self._assign[var.name] = var.assign(placeholder, read_value=False)
-                    self._read[var.name] = var.read_value()
+            for entry in entries.values():
+                for copy in entry.copies:
+                    for piece in copy:
+                        var = piece.variable
+                        if var.name in self._feed:
+                            continue
+                        placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
+                        self._feed[var.name] = placeholder
+                        self._assign[var.name] = var.assign(placeholder, read_value=False)
+                        self._read[var.name] = var.read_value()
 
-    def load(self, sess, values: Dict[str, np.ndarray], only=None) -> None:
+    def load(self, sess, values: Dict[str, np.ndarray]) -> None:
+        """Assigns whole values to every copy of the named keys (keys not given are left alone)."""
         ops, feeds = [], {}
-        for name, pieces in self.parts.items():
-            ranges = [(p.row_start, p.row_end) for p in pieces]
-            for part, value in zip(pieces, split(values[name], ranges, self.layouts.get(name, "div"))):
-                var = part.variable
-                if only is not None and not only(var):
-                    continue
-                ops.append(self._assign[var.name])
-                feeds[self._feed[var.name]] = value
+        for key, value in values.items():
+            entry = self.entries[key]
+            for copy in entry.copies:
+                ranges = [(p.row_start, p.row_end) for p in copy]
+                for piece, part_value in zip(copy, split(np.asarray(value), ranges, entry.layout)):
+                    ops.append(self._assign[piece.variable.name])
+                    feeds[self._feed[piece.variable.name]] = part_value
         if ops:
             sess.run(ops, feeds)
 
-    def read(self, sess) -> Dict[str, np.ndarray]:
-        raw = sess.run({v: t for v, t in self._read.items()})
-        return {name: merge([raw[p.variable.name] for p in pieces], self.layouts.get(name, "div"))
-                for name, pieces in self.parts.items()}
+    def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
+        keys = list(self.entries) if keys is None else keys
+        wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
+        raw = sess.run({name: self._read[name] for name in wanted})
+        return {k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout)
+                for k in keys}

@@ -13,6 +13,7 @@ class AllReduceRoute:
         self.optimizer, self.global_step_var = optimizer, global_step_var
         self.replicas = [p.variable for e in entries for p in rebuilt.parts[e.name]]
         self.local_state = []
+        self.applied = []           # variables this route's optimizer updates
         self.bytes = {}
 
     def build(self) -> tf.Operation:
@@ -42,7 +43,8 @@ class AllReduceRoute:
         if not averaged:
             return tf.no_op()
         apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
-        self.local_state = optimizer_state(self.optimizer, [v for _, v in averaged])
+        self.applied = [v for _, v in averaged]
+        self.local_state = optimizer_state(self.optimizer, self.applied)
         return apply
 
 

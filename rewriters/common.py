@@ -57,6 +57,7 @@ class Part:
 class DistributedGraph:
     graph: tf.Graph
     loss: tf.Tensor
+    mean_loss: tf.Tensor                        # the loss averaged over ranks
     train_op: tf.Operation
     global_step: tf.Tensor                      # read of the one global step
     parts: Dict[str, List[Part]]                # logical name -> its pieces in this graph
@@ -65,6 +66,9 @@ class DistributedGraph:
     broadcast: Optional[tf.Operation]           # dense replicas from rank 0 to all
     barrier: tf.Operation                       # a cross-rank rendezvous
     bytes_per_step: Dict[str, tf.Tensor]        # route -> bytes this rank moved in the step
+    global_step_var: tf.Variable = None
+    # (optimizer, variables it updates in this graph): where slots and non-slot state live
+    optimizers: List[tuple] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

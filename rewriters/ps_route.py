@@ -22,6 +22,7 @@ class PSRoute:
         self.optimizer = clone_optimizer(optimizer)
         self.global_step_var = global_step_var
         self.chief_init: List[tf.Operation] = []
+        self.applied = []           # variables this route's optimizer updates (rank 0 only)
         self.bytes = {}
 
     def build(self) -> tf.Operation:
@@ -69,8 +70,8 @@ class PSRoute:
                 total = _take(acc, grad, num_required)
                 averaged.append((_scale(total, 1.0 / topo.size), var))
         apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
-        variables = [v for _, v in averaged]
-        self.chief_init.append(tf.compat.v1.variables_initializer(optimizer_state(self.optimizer, variables)))
+        self.applied = [v for _, v in averaged]
+        self.chief_init.append(tf.compat.v1.variables_initializer(optimizer_state(self.optimizer, self.applied)))
         tokens = []
         with tf.control_dependencies([apply]):
             for rank in range(1, topo.size):

@@ -38,20 +38,30 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     else:
         local_init.append(global_step.initializer)
     local_init.append(tf.compat.v1.variables_initializer(allreduce.local_state))
+    # Everything each rank holds a copy of starts as rank 0's (which may come from a checkpoint).
+    replicated = allreduce.replicas + allreduce.local_state + ([] if ps_entries else [global_step])
     broadcast = None
-    if topo.size > 1 and allreduce.replicas:
+    if topo.size > 1 and replicated:
         import horovod.tensorflow as hvd
-        broadcast = hvd.broadcast_variables(allreduce.replicas, root_rank=0)
+        broadcast = hvd.broadcast_variables(replicated, root_rank=0)
     byte_counts: Dict[str, tf.Tensor] = dict(allreduce.bytes)
     if ps_route is not None:
         byte_counts.update(ps_route.bytes)
     for name, layout in detect_layouts(rebuilt, plan).items():
         plan.by_name()[name].layout = layout
+    loss = rebuilt.model.loss
+    if topo.size > 1:
+        import horovod.tensorflow as hvd
+        mean_loss = hvd.allreduce(loss, op=hvd.Average, name="parallax_mean_loss")
+    else:
+        mean_loss = tf.identity(loss)
     return DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=rebuilt.model.loss, train_op=tf.group(*updates),
+        graph=tf.compat.v1.get_default_graph(), loss=loss, mean_loss=mean_loss, train_op=tf.group(*updates),
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=chief_init,
         local_init=tf.group(*local_init), broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
-        bytes_per_step=byte_counts)
+        bytes_per_step=byte_counts, global_step_var=global_step,
+        optimizers=[(allreduce.optimizer, allreduce.applied)]
+        + ([(ps_route.optimizer, ps_route.applied)] if ps_route else []))
 
 
 def detect_layouts(rebuilt, plan) -> Dict[str, str]:

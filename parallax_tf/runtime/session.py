@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf.errors import ClusterError
+from parallax_tf.errors import ClusterError, ParallaxError
 from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.model import RunContext
+from parallax_tf.runtime.hooks import StepStats
 
 
 def open_session(target: str, graph, rank: int, timeout_s: int, has_ps: bool):
@@ -43,52 +44,54 @@ def cross_rank_errors(what: str, timeout_s: int):
         raise
 
 
-def initialise(sess, dgraph, values_io, initial_values, is_chief: bool, timeout_s: int) -> None:
-    """PS state once (rank 0), replicas everywhere, then broadcast from rank 0 behind a barrier."""
+def initialise(sess, dgraph, state_io, values, is_chief: bool, timeout_s: int) -> int:
+    """PS state once (rank 0), replicas everywhere, then broadcast from rank 0 behind a barrier.
+    `values` (rank 0: initial values or a checkpoint) overwrite what initialisers produced.
+    Returns the global step training starts at."""
     with cross_rank_errors("initialisation", timeout_s):
         sess.run(dgraph.local_init)
         if is_chief:
-            values_io.load(sess, initial_values)
             sess.run(dgraph.chief_init)
+            state_io.load(sess, values)
         sess.run(dgraph.barrier)        # nobody trains before PS variables are initialised
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)
+        return int(sess.run(dgraph.global_step))
 
 
-class StepStats:
-    def __init__(self):
-        self.times: List[float] = []
-        self.bytes: Dict[str, List[int]] = {}
-        self.examples = 0
-
-    def add(self, seconds: float, moved: Dict[str, int], examples: int) -> None:
-        self.times.append(seconds)
-        self.examples += examples
-        for route, n in moved.items():
-            self.bytes.setdefault(route, []).append(int(n))
-
-    def mean_bytes(self) -> Dict[str, float]:
-        return {route: float(np.mean(v)) for route, v in self.bytes.items()}
+class Diverged(ParallaxError):
+    """The loss became NaN or Inf."""
 
 
-def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, steps: int,
-          log: Callable[[int, float, "StepStats"], None], log_every: int, timeout_s: int):
+def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, start: int, steps: int,
+          hooks, tracer, timeout_s: int):
+    """Runs steps [start, steps); returns this rank's losses and the step statistics."""
     losses: List[float] = []
     stats = StepStats()
-    fetches = {"loss": dgraph.loss, "train": dgraph.train_op, "bytes": dgraph.bytes_per_step}
-    for step in range(steps):
-        ctx.step = step
-        feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
-        start = time.perf_counter()
-        with cross_rank_errors(f"step {step}", timeout_s):
-            out = sess.run(fetches, feeds)
-        losses.append(float(out["loss"]))
-        stats.add(time.perf_counter() - start, out["bytes"], _batch_size(feeds) * ctx.size)
-        if not np.isfinite(out["loss"]):
-            raise FloatingPointError(f"loss is {out['loss']} at step {step}; lower the learning rate "
-                                     "or check the input")
-        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
-            log(step + 1, losses[-1], stats)
+    fetches = {"loss": dgraph.loss, "mean_loss": dgraph.mean_loss, "train": dgraph.train_op,
+               "bytes": dgraph.bytes_per_step}
+    try:
+        for step in range(start, steps):
+            ctx.step = step
+            feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
+            options, metadata = tracer.options(step)
+            begin = time.perf_counter()
+            with cross_rank_errors(f"step {step}", timeout_s):
+                out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
+            stats.add(time.perf_counter() - begin, out["bytes"], _batch_size(feeds) * ctx.size)
+            tracer.record(step, metadata)
+            losses.append(float(out["loss"]))
+            # The mean over ranks decides, so every rank stops at the same step.
+            if not np.isfinite(out["mean_loss"]):
+                raise Diverged(f"the loss (mean over ranks) is {out['mean_loss']} at step {step}; "
+                               "training stopped before that step could be checkpointed. Lower the "
+                               "learning rate or check the input, then restart from the last checkpoint")
+            for hook in hooks:
+                hook.after_step(step + 1, float(out["mean_loss"]), stats)
+    finally:
+        tracer.write()
+    for hook in hooks:         # only after a clean finish: never checkpoint a broken state
+        hook.end(steps)
     return losses, stats
 
 

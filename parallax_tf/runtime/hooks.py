@@ -1,0 +1,140 @@
+"""What rank 0 does between steps: progress, checkpoints, TensorBoard, step traces."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.plan import human_bytes
+
+
+class StepStats:
+    def __init__(self):
+        self.times: List[float] = []
+        self.bytes: Dict[str, List[int]] = {}
+        self.examples = 0
+
+    def add(self, seconds: float, moved: Dict[str, int], examples: int) -> None:
+        self.times.append(seconds)
+        self.examples += examples
+        for route, n in moved.items():
+            self.bytes.setdefault(route, []).append(int(n))
+
+    def mean_bytes(self) -> Dict[str, float]:
+        return {route: float(np.mean(v)) for route, v in self.bytes.items()}
+
+    def recent_rate(self, window: int = 10):
+        recent = self.times[-window:]
+        step_s = sum(recent) / len(recent)
+        per_step = self.examples / len(self.times) if self.times else 0
+        return step_s, (per_step / step_s if step_s else 0.0)
+
+
+class Hook:
+    def after_step(self, step: int, loss: float, stats: StepStats) -> None:
+        """`step` is the global step just completed (1-based)."""
+
+    def end(self, step: int) -> None:
+        """Training stopped after `step` steps (also on errors)."""
+
+
+class Progress(Hook):
+    """A line every `every` steps; on a terminal, a bar redrawn in place between them."""
+
+    def __init__(self, total: int, every: int, stream=None):
+        self.total, self.every = total, every
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty()
+
+    def after_step(self, step, loss, stats):
+        step_s, rate = stats.recent_rate()
+        eta = (self.total - step) * step_s
+        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
+        line = (f"step {step}/{self.total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
+                f"eta {eta:.0f}s bytes/step {moved or '0'}")
+        if step % self.every == 0 or step == self.total:
+            self.stream.write(("\r\x1b[2K" if self.live else "") + line + "\n")
+        elif self.live:
+            done = int(30 * step / max(1, self.total))
+            self.stream.write(f"\r\x1b[2K[{'#' * done}{'.' * (30 - done)}] {line}")
+        self.stream.flush()
+
+
+class Checkpointer(Hook):
+    """Saves every `every` steps and/or `secs` seconds, and at the end of training."""
+
+    def __init__(self, store: CheckpointStore, read_state, every: int, secs: float):
+        self.store, self.read_state = store, read_state
+        self.every, self.secs = every, secs
+        self.last_time = time.monotonic()
+        self.last_step: Optional[int] = None
+        self.last_path: Optional[str] = store.latest()
+
+    def after_step(self, step, loss, stats):
+        due_steps = self.every and step % self.every == 0
+        due_time = self.secs and time.monotonic() - self.last_time >= self.secs
+        if due_steps or due_time:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        if step == self.last_step:
+            return
+        self.last_path = self.store.save(self.read_state(), step)
+        self.last_step, self.last_time = step, time.monotonic()
+
+    def end(self, step):
+        self.save(step)
+
+
+class Summaries(Hook):
+    """TensorBoard event files: loss, examples/s, step time and bytes per route."""
+
+    def __init__(self, logdir: str):
+        self.writer = tf.summary.create_file_writer(logdir)
+
+    def after_step(self, step, loss, stats):
+        step_s, rate = stats.recent_rate(window=1)
+        with self.writer.as_default():
+            tf.summary.scalar("loss", loss, step=step)
+            tf.summary.scalar("examples_per_second", rate, step=step)
+            tf.summary.scalar("step_seconds", step_s, step=step)
+            for route, values in stats.bytes.items():
+                tf.summary.scalar(f"bytes_per_step/{route}", float(values[-1]), step=step)
+
+    def end(self, step):
+        self.writer.flush()
+
+
+class StepTracer:
+    """Full TF traces of chosen steps, written as one Chrome trace (chrome://tracing, Perfetto)."""
+
+    def __init__(self, path: Optional[str], steps):
+        self.path, self.steps = path, set(steps)
+        self.events: list = []
+
+    def options(self, step: int):
+        if not self.path or step not in self.steps:
+            return None, None
+        return (tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                tf.compat.v1.RunMetadata())
+
+    def record(self, step: int, metadata) -> None:
+        if metadata is None:
+            return
+        from tensorflow.python.client import timeline   # TF's own step_stats -> Chrome trace
+        trace = json.loads(timeline.Timeline(metadata.step_stats).generate_chrome_trace_format())
+        for event in trace["traceEvents"]:
+            event.setdefault("args", {})["step"] = step
+        self.events.extend(trace["traceEvents"])
+
+    def write(self) -> None:
+        if self.path and self.events:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            with open(self.path, "w") as out:
+                json.dump({"traceEvents": self.events}, out)

@@ -1,0 +1,45 @@
+"""Trains one named test case with parallax_tf's own flags (--strategy, --steps, --ckpt_dir, ...)
+and saves what this rank got into --out/<case>.rank<r>.npz. A rank can be made to misbehave."""
+import os
+import sys
+
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import parallax_tf as ptf  # noqa: E402
+from tests import cases  # noqa: E402
+
+flags.DEFINE_string("case", "mixed_sgd", "a name from tests/cases.py CASES")
+flags.DEFINE_string("out", None, "directory for the per-rank results")
+flags.DEFINE_integer("nan_at_step", -1, "rank 1 feeds NaN targets at this step (sparse_only case)")
+flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) at this step")
+flags.DEFINE_integer("die_rank", 1, "which rank --die_at_step kills")
+FLAGS = flags.FLAGS
+
+
+def _rank():
+    return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+
+
+def main(argv):
+    _, model, optimizer, extra = cases.CASE_BY_NAME[FLAGS.case]
+    inner = cases.input_fn_for(model)
+
+    def input_fn(ctx):
+        if ctx.rank == FLAGS.die_rank and ctx.step == FLAGS.die_at_step:
+            os.kill(os.getpid(), 9)
+        feeds = inner(ctx)
+        if ctx.rank == 1 and ctx.step == FLAGS.nan_at_step:
+            feeds["y"] = np.full_like(feeds["y"], np.nan)
+        return feeds
+    result = ptf.run(cases.build(model, optimizer), input_fn if inner else None, **extra)
+    if FLAGS.out:
+        arrays = {f"var:{k}": v for k, v in result.variables.items()}
+        np.savez(os.path.join(FLAGS.out, f"{FLAGS.case}.rank{_rank()}.npz"), losses=np.array(result.losses),
+                 global_step=result.global_step, start_step=result.start_step,
+                 checkpoint=str(result.checkpoint), **arrays)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,70 @@
+"""Checkpoints: plain-TF restore under single-device names, exact resume, another rank count."""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import cases, launch, reference
+
+
+def _train(size, case, out, *flags, launcher="horovodrun"):
+    proc = launch.run_ranks(size, ["tests/jobs/train_case.py", f"--case={case}", f"--out={out}",
+                                   "--log_every=0", *flags], launcher=launcher)
+    assert proc.returncode == 0, launch.tail(proc)
+    return [np.load(os.path.join(out, f"{case}.rank{r}.npz")) for r in range(size)]
+
+
+def _assert_close(got, want, tolerance, what):
+    for name, value in want.items():
+        error = reference.relative_error(got[f"var:{name}"], value)
+        assert error <= tolerance, f"{what}/{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "ps", "allreduce"])
+def test_interrupted_and_resumed_run_matches_uninterrupted(strategy):
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    first = _train(2, "mixed_adam", out, f"--strategy={strategy}", "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=3")
+    assert int(first[0]["global_step"]) == 3 and sorted(os.listdir(ckpt)) == ["checkpoint", "step-3"]
+    second = _train(2, "mixed_adam", out, f"--strategy={strategy}", "--steps=6", f"--ckpt_dir={ckpt}")
+    assert [int(r["start_step"]) for r in second] == [3, 3]
+    assert [int(r["global_step"]) for r in second] == [6, 6]
+    assert len(second[0]["losses"]) == 3          # only the remaining steps ran
+    _assert_close(second[0], reference.train_single_device("mixed", "adam", 2, steps=6), 1e-4, strategy)
+
+
+def test_resume_on_a_different_number_of_ranks():
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    _train(2, "mixed_momentum", out, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=1", "--ckpt_keep=2")
+    assert sorted(os.listdir(ckpt)) == ["checkpoint", "step-2", "step-3"]     # only the last 2 kept
+    third = _train(3, "mixed_momentum", out, "--steps=5", f"--ckpt_dir={ckpt}")
+    want = reference.train_single_device("mixed", "momentum", [2, 2, 2, 3, 3], steps=5)
+    _assert_close(third[0], want, 1e-5, "2 then 3 ranks")
+
+
+@pytest.mark.parametrize("case", ["partitioned", "auto_mod", "mixed_adam"])
+def test_plain_saver_restores_into_the_single_device_graph(case):
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    ranks = _train(2, case, out, "--steps=3", f"--ckpt_dir={ckpt}", "--partition_threshold_mb=0.0001")
+    _, model, optimizer, _ = cases.CASE_BY_NAME[case]
+    want = reference.train_single_device(model, optimizer, 2, steps=3, with_slots=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        built = cases.build(model, optimizer)()
+        built.optimizer.minimize(built.loss)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            saver.restore(sess, tf.train.latest_checkpoint(ckpt))
+            restored = reference._whole_values(sess)
+            restored.update(reference._slot_values(sess, built.optimizer))
+            if optimizer == "adam":
+                beta1, _ = built.optimizer._get_beta_accumulators()
+                assert sess.run(beta1) == pytest.approx(0.9 ** 4)
+    assert set(restored) == set(want)
+    tolerance = 1e-4 if optimizer == "adam" else 1e-5
+    for name, value in want.items():      # model variables and every slot
+        assert reference.relative_error(restored[name], value) <= tolerance, name
+    for name in ranks[0].files:
+        if name.startswith("var:"):
+            np.testing.assert_array_equal(restored[name[4:]], ranks[0][name])
