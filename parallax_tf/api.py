@@ -1,6 +1,7 @@
 """parallax_tf.run: inspect -> plan -> rewrite -> run."""
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -19,6 +20,7 @@ from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, session
 from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries
+from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
 
 _RUN_IDS = itertools.count()
@@ -71,22 +73,36 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, bool(plan.on_route(ROUTE_PS)))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
     tracer = StepTracer(opts.timeline if topo.is_chief else None, opts.timeline_steps)
+    watchdog = Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"]))).start() if topo.size > 1 else None
+    guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
+                              lost=watchdog.lost if watchdog else None)
+    peer_lost = False
     try:
-        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, opts.timeout_s)
+        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard)
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         began = time.perf_counter()
         losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
-                                      hooks, tracer, opts.timeout_s)
+                                      hooks, tracer, guard)
         wall = time.perf_counter() - began
-        with session.cross_rank_errors("collecting results", opts.timeout_s):
+        with guard("collecting results"):
             sess.run(dgraph.barrier)
             variables = state_io.read(sess, keys=list(dgraph.parts))
             global_step = int(sess.run(dgraph.global_step))
-        sess.run(dgraph.barrier)    # nobody leaves (and stops its servers) while others read
+            if watchdog:            # peers may leave once the barrier below lets them
+                watchdog.stop()
+            sess.run(dgraph.barrier)    # nobody leaves (and stops its servers) while others read
+    except session.PeerLost:
+        peer_lost = True
+        raise
     finally:
-        sess.close()
-        tf.compat.v1.Session.reset(cluster.target, [run_id])
+        # After a lost peer, closing the session could wait on it: leave it, and keep the
+        # watchdog armed so this process still stops if anything on the way out hangs.
+        if not peer_lost:
+            if watchdog:
+                watchdog.stop()
+            sess.close()
+            tf.compat.v1.Session.reset(cluster.target, [run_id])
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
                     bytes_per_step=stats.mean_bytes(),

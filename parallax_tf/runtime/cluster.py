@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import os
 import socket
+import sys
 from typing import Dict, List, Optional
 
 import tensorflow as tf
@@ -73,6 +74,8 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     worker = _server(spec, "worker", hvd.rank(), mine["worker"])
     ps_server = _server(spec, "ps", hosts.index(host_name), mine["ps"]) if mine["ps"] else None
     hvd.allgather_object(True)  # every server is up before anyone opens a session
+    print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
+          + (f", ps {mine['ps']}" if mine["ps"] else ""), file=sys.stderr, flush=True)
     _CLUSTER = Cluster(topology, spec, worker, ps_server)
     return _CLUSTER
 

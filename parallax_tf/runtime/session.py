@@ -25,30 +25,36 @@ def open_session(target: str, graph, rank: int, timeout_s: int, has_ps: bool):
     return tf.compat.v1.Session(target, graph=graph, config=config)
 
 
+class PeerLost(ClusterError):
+    """A peer rank died or stalled; cleanup that needs the peers must be skipped."""
+
+
 @contextlib.contextmanager
-def cross_rank_errors(what: str, timeout_s: int):
-    """Turns the ways a dead or stalled peer shows up into one ClusterError naming the wait."""
+def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[Callable[[], str]] = None):
+    """Turns the ways a dead or stalled peer shows up into one error naming the wait and, when
+    `lost` can tell, the ranks that are gone."""
+    def fail(why: str):
+        gone = f"; lost: {lost()}" if lost else ""
+        return PeerLost(f"parallax_tf rank {rank}: {what}: {why}{gone}")
     try:
         yield
     except tf.errors.DeadlineExceededError as err:
-        raise ClusterError(f"{what}: no answer within --timeout_s={timeout_s}s while running "
-                           f"{_op_name(err)}; another rank has probably died or stalled") from None
+        raise fail(f"no answer within --timeout_s={timeout_s}s while running {_op_name(err)}; another "
+                   "rank has probably died or stalled") from None
     except tf.errors.UnavailableError as err:
-        raise ClusterError(f"{what}: a server became unreachable ({_first_line(err)}); the rank "
-                           "hosting it has probably died") from None
+        raise fail(f"a server became unreachable ({_first_line(err)})") from None
     except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError,
             tf.errors.FailedPreconditionError) as err:
         if "orovod" in err.message or "gloo" in err.message.lower():
-            raise ClusterError(f"{what}: Horovod stopped ({_first_line(err)}); a peer rank has "
-                               "probably died") from None
+            raise fail(f"Horovod stopped ({_first_line(err)})") from None
         raise
 
 
-def initialise(sess, dgraph, state_io, values, is_chief: bool, timeout_s: int) -> int:
+def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
     """PS state once (rank 0), replicas everywhere, then broadcast from rank 0 behind a barrier.
     `values` (rank 0: initial values or a checkpoint) overwrite what initialisers produced.
     Returns the global step training starts at."""
-    with cross_rank_errors("initialisation", timeout_s):
+    with guard("initialisation"):
         sess.run(dgraph.local_init)
         if is_chief:
             sess.run(dgraph.chief_init)
@@ -64,7 +70,7 @@ class Diverged(ParallaxError):
 
 
 def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, start: int, steps: int,
-          hooks, tracer, timeout_s: int):
+          hooks, tracer, guard):
     """Runs steps [start, steps); returns this rank's losses and the step statistics."""
     losses: List[float] = []
     stats = StepStats()
@@ -76,7 +82,7 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
             options, metadata = tracer.options(step)
             begin = time.perf_counter()
-            with cross_rank_errors(f"step {step}", timeout_s):
+            with guard(f"step {step}"):
                 out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
             stats.add(time.perf_counter() - begin, out["bytes"], _batch_size(feeds) * ctx.size)
             tracer.record(step, metadata)

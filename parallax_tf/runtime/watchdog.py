@@ -1,0 +1,84 @@
+"""Notices a lost peer and stops this rank with a message naming it, instead of hanging.
+
+Two ways a rank learns a peer is gone: the peer's gRPC server stops accepting connections
+(probed every `interval` seconds), or the launcher sends SIGTERM after a rank died. A rank
+blocked inside session.run cannot run a Python signal handler, so the signal is routed to a
+wakeup pipe that this thread watches."""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+from typing import Dict
+
+LOST_RANK_EXIT = 75
+
+
+class Watchdog:
+    def __init__(self, rank: int, peers: Dict[int, str], interval: float = 1.0, misses: int = 2):
+        self.rank, self.interval, self.misses = rank, interval, misses
+        self.peers = {r: a for r, a in peers.items() if r != rank}
+        self._stop = threading.Event()
+        self._thread = None
+        self._wake_r = self._wake_w = None
+        self._old = None
+
+    def start(self) -> "Watchdog":
+        if threading.current_thread() is threading.main_thread():
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_w, False)
+            self._old = (signal.signal(signal.SIGTERM, lambda *_: None), signal.set_wakeup_fd(self._wake_w))
+        self._thread = threading.Thread(target=self._watch, name="parallax-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=self.interval + 2)
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old[0])
+            signal.set_wakeup_fd(self._old[1])
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._old = None
+
+    def _watch(self) -> None:
+        missed = 0
+        while not self._stop.is_set():
+            if self._wake_r is not None:
+                ready, _, _ = select.select([self._wake_r], [], [], self.interval)
+                if ready and not self._stop.is_set():
+                    self._die("the launcher is stopping the job (SIGTERM)", 128 + signal.SIGTERM)
+            else:
+                self._stop.wait(self.interval)
+            if self._stop.is_set():
+                return
+            missed = missed + 1 if self._unreachable() else 0
+            if missed >= self.misses:
+                self._die("a peer stopped answering", LOST_RANK_EXIT)
+
+    def _unreachable(self) -> Dict[int, str]:
+        gone = {}
+        for rank, address in self.peers.items():
+            host, port = address.rsplit(":", 1)
+            try:
+                with socket.create_connection((host, int(port)), timeout=min(2.0, self.interval * 2)):
+                    pass
+            except OSError:
+                gone[rank] = address
+        return gone
+
+    def lost(self) -> str:
+        """The peers that no longer answer, as 'rank 2 (host:port)', for error messages."""
+        gone = self._unreachable()
+        return ", ".join(f"rank {r} ({a})" for r, a in sorted(gone.items())) or "no rank found unreachable"
+
+    def _die(self, why: str, code: int) -> None:
+        sys.stderr.write(f"parallax_tf rank {self.rank}: {why}; lost: {self.lost()}. Stopping this rank; "
+                         "restart the job to resume from the last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,60 @@
+"""A rank killed mid-training: the job stops fast, names the lost rank, leaves nothing behind,
+and a restart resumes from the last checkpoint and still matches single-device training."""
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from tests import launch, reference
+
+SIZE, DIE_AT, EVERY = 3, 12, 5
+
+
+def _bindable(address: str) -> bool:
+    """Free for a new server: nothing listens there (TIME_WAIT leftovers of closed connections
+    do not count; servers bind with SO_REUSEADDR, as this probe does)."""
+    host, port = address.rsplit(":", 1)
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    if listening.strip():
+        return False
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.mark.parametrize("victim", [2, 0], ids=["plain_worker", "ps_host"])
+def test_sigkill_one_rank(victim):
+    ckpt, out = tempfile.mkdtemp(prefix="ptf-fault-"), tempfile.mkdtemp(prefix="ptf-fault-")
+    flags = ["tests/jobs/train_case.py", "--case=mixed_adagrad", f"--out={out}", "--log_every=0",
+             f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}"]
+    start = time.time()
+    proc = launch.run_ranks(SIZE, flags + ["--steps=60", f"--die_at_step={DIE_AT}", f"--die_rank={victim}"],
+                            timeout=150)
+    elapsed = time.time() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert elapsed < 60, f"the job took {elapsed:.0f}s to stop"
+    for rank in set(range(SIZE)) - {victim}:
+        assert re.search(rf"parallax_tf rank {rank}: .*lost: [^\n]*rank {victim} \(", output), launch.tail(proc)
+    # nothing left running, nothing left listening
+    assert subprocess.run(["pgrep", "-f", out], capture_output=True).returncode == 1
+    addresses = re.findall(r"parallax_tf rank \d+: worker (\S+?)(?:, ps (\S+))?$", output, re.M)
+    ports = [a for pair in addresses for a in pair if a]
+    assert len(ports) == SIZE + 1 and all(_bindable(a) for a in ports)
+    # the restart loses at most one checkpoint interval and ends where an uninterrupted run would
+    resumed = launch.run_ranks(SIZE, flags + ["--steps=15"], timeout=150)
+    assert resumed.returncode == 0, launch.tail(resumed)
+    result = np.load(os.path.join(out, f"mixed_adagrad.rank0.npz"))
+    assert DIE_AT - EVERY <= int(result["start_step"]) <= DIE_AT
+    want = reference.train_single_device("mixed", "adagrad", SIZE, steps=15)
+    for name, value in want.items():
+        assert reference.relative_error(result[f"var:{name}"], value) <= 1e-5, name
