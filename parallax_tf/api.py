@@ -39,8 +39,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.timeout_s))
     _bound_horovod_stalls(opts.timeout_s)
-    if opts.timeline:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
-        os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline + ".horovod.json")
+    if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
+        os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
     cluster = cluster_lib.start_cluster(opts.bind_address, opts.port)
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
@@ -72,7 +72,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, bool(plan.on_route(ROUTE_PS)))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
-    tracer = StepTracer(opts.timeline if topo.is_chief else None, opts.timeline_steps)
+    tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
     watchdog = Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"]))).start() if topo.size > 1 else None
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
                               lost=watchdog.lost if watchdog else None)

@@ -29,7 +29,9 @@ flags.DEFINE_integer("ckpt_every", 0, "Checkpoint every this many steps (0: only
 flags.DEFINE_float("ckpt_secs", 0, "Checkpoint at most this many seconds apart (0: off).")
 flags.DEFINE_integer("ckpt_keep", 3, "Checkpoints kept; older ones are deleted.")
 flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
-flags.DEFINE_string("timeline", None, "Chrome trace of the --timeline_steps steps (PATH) plus "
+# Not `--timeline`: horovodrun's argparse takes any prefix of its own --timeline-filename from
+# the script's arguments too, so that name cannot reach the ranks.
+flags.DEFINE_string("timeline_file", None, "Chrome trace of the --timeline_steps steps (PATH) plus "
                     "Horovod's timeline (PATH.horovod.json).")
 flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline.")
 
@@ -53,7 +55,7 @@ class Options:
     ckpt_secs: float
     ckpt_keep: int
     logdir: Optional[str]
-    timeline: Optional[str]
+    timeline_file: Optional[str]
     timeline_steps: list
 
 

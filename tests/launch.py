@@ -19,8 +19,8 @@ def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, 
                    "-x", "PYTHONPATH", "-x", "PATH", PYTHON, *argv]
     else:
         command = [PYTHON, *argv]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-                    **(env or {}))
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True)
 

@@ -49,7 +49,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     global _CLUSTER
     if _CLUSTER is not None:
         return _CLUSTER
-    import horovod.tensorflow as hvd
+    hvd = _horovod()
     hvd.init()
     host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank()})
@@ -81,6 +81,16 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
 
 
 PORT_WINDOW = 16   # ports each local rank may try from --port; windows never overlap
+
+
+def _horovod():
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as err:
+        raise ClusterError(f"Horovod's TensorFlow binding cannot be imported ({err}); build it with "
+                           "`make setup` (tools/setup.sh, see BUILD.md) in the environment that runs "
+                           "parallax_tf") from None
+    return hvd
 
 
 def free_ports(address: str, count: int, base: Optional[int], local_rank: int = 0) -> List[int]:

@@ -1,0 +1,109 @@
+"""Watching and stopping a run: NaN stop, TensorBoard, traces, progress, launch failures."""
+import glob
+import io
+import json
+import os
+import socket
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.runtime.hooks import Progress, StepStats
+from tests import launch
+
+
+def test_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint():
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    proc = launch.run_ranks(2, ["tests/jobs/train_case.py", "--case=sparse_only", f"--out={out}", "--steps=10",
+                                "--log_every=0", "--nan_at_step=3", f"--ckpt_dir={ckpt}", "--ckpt_every=2"],
+                            timeout=180)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # rank 1 fed the NaN; the mean over ranks makes both ranks stop at the same step
+    assert output.count("Diverged: the loss (mean over ranks) is nan at step 3") == 2, launch.tail(proc)
+    assert sorted(os.listdir(ckpt)) == ["checkpoint", "step-2"]
+    reader = tf.train.load_checkpoint(os.path.join(ckpt, "step-2", "model"))
+    assert np.isfinite(reader.get_tensor("emb")).all() and reader.get_tensor("parallax_global_step") == 2
+
+
+def test_tensorboard_events_and_timelines():
+    logdir, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    trace = os.path.join(out, "trace.json")
+    proc = launch.run_ranks(2, ["tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}", "--steps=6",
+                                "--log_every=0", f"--logdir={logdir}", f"--timeline_file={trace}",
+                                "--timeline_steps=3,4"], timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    scalars = {}
+    for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5, 6]
+    for tag in ("examples_per_second", "step_seconds", "bytes_per_step/allreduce",
+                "bytes_per_step/ps_push", "bytes_per_step/ps_pull"):
+        assert len(scalars[tag]) == 6 and all(v > 0 for _, v in scalars[tag]), tag
+    losses = np.load(os.path.join(out, "mixed_adam.rank0.npz"))["losses"]
+    assert abs(scalars["loss"][0][1] - losses[0]) < 5    # a mean over ranks, near rank 0's own
+    events = json.load(open(trace))["traceEvents"]
+    assert {e["args"]["step"] for e in events if "args" in e} == {3, 4}
+    assert any("MatMul" in e.get("name", "") or "MatMul" in json.dumps(e.get("args", {})) for e in events)
+    horovod = open(trace + ".horovod.json").read()
+    assert "ALLREDUCE" in horovod or "NEGOTIATE_ALLREDUCE" in horovod
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    stats = StepStats()
+    for _ in range(3):
+        stats.add(0.5, {"ps_push": 2048}, examples=8)
+    term, plain = Terminal(), io.StringIO()
+    for stream in (term, plain):
+        progress = Progress(total=4, every=2, stream=stream)
+        for step in (1, 2, 3):
+            progress.after_step(step, 1.25, stats)
+    assert plain.getvalue().splitlines() == [
+        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step ps_push=2.0KB"]
+    assert "\r\x1b[2K[#######" in term.getvalue() and "step 3/4 loss 1.2500" in term.getvalue()
+
+
+def test_busy_port_range_is_named():
+    held = []
+    try:
+        first = None
+        while first is None:     # 16 consecutive free ports, all held by this test
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                start = probe.getsockname()[1]
+            if start + 16 >= 65535:
+                continue
+            try:
+                for port in range(start, start + 16):
+                    s = socket.socket()
+                    s.bind(("127.0.0.1", port))
+                    held.append(s)
+                first = start
+            except OSError:
+                for s in held:
+                    s.close()
+                held = []
+        proc = launch.run_ranks(1, ["tests/jobs/train_case.py", f"--port={first}", "--steps=1"],
+                                launcher="python", timeout=120)
+    finally:
+        for s in held:
+            s.close()
+    assert proc.returncode != 0
+    assert f"in {first}..{first + 15} (from --port={first}); pass another --port" in proc.stderr
+
+
+def test_horovod_not_built_is_named():
+    shadow = tempfile.mkdtemp()
+    os.makedirs(os.path.join(shadow, "horovod"))
+    with open(os.path.join(shadow, "horovod", "__init__.py"), "w") as f:
+        f.write("raise ImportError('horovod was not built here')\n")
+    proc = launch.run_ranks(1, ["tests/jobs/train_case.py", "--steps=1"], launcher="python", timeout=120,
+                            env={"PYTHONPATH": f"{shadow}:{launch.ROOT}"})
+    assert proc.returncode != 0
+    assert "Horovod's TensorFlow binding cannot be imported" in proc.stderr and "make setup" in proc.stderr
