@@ -3,7 +3,9 @@ import glob
 import io
 import json
 import os
+import re
 import socket
+import subprocess
 import tempfile
 
 import numpy as np
@@ -107,3 +109,21 @@ def test_horovod_not_built_is_named():
                             env={"PYTHONPATH": f"{shadow}:{launch.ROOT}"})
     assert proc.returncode != 0
     assert "Horovod's TensorFlow binding cannot be imported" in proc.stderr and "make setup" in proc.stderr
+
+
+def _other_address():
+    """A non-loopback IPv4 address of this host, if it has one."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return next((a for a in out if "." in a and not a.startswith("127.")), None)
+
+
+def test_servers_listen_on_the_launcher_interface_only():
+    other = _other_address()
+    proc = launch.run_ranks(2, ["tests/jobs/listeners_job.py", other or "-"], timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    listens = re.findall(r"LISTEN rank=(\d) port=(\d+) local=(\S+)", proc.stdout)
+    assert len(listens) == 3      # two workers and the host's PS server
+    for _, port, local in listens:
+        assert local in (f"127.0.0.1:{port}", f"[::ffff:127.0.0.1]:{port}"), local
+    if other:                     # and nobody gets in through another interface
+        assert len(re.findall(r"REFUSED rank=\d", proc.stdout)) == 3 and "REACHABLE" not in proc.stdout

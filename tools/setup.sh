@@ -59,7 +59,8 @@ if ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
 fi
 
 # 4. The project itself (editable) and its compiled custom ops.
-if [ ! -f "$stamp_dir/project.done" ] || [ "$root/setup.py" -nt "$stamp_dir/project.done" ]; then
+if [ ! -f "$stamp_dir/project.done" ] || [ "$root/setup.py" -nt "$stamp_dir/project.done" ] \
+   || ! ls "$root"/parallax_tf/_bindshim*.so >/dev/null 2>&1; then
   if [ -f "$root/setup.py" ]; then
     log "installing parallax_tf (editable)"
     "$py" -m pip install -q --no-build-isolation --no-deps -e "$root"

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
+from parallax_tf.runtime import bind
 from rewriters.common import Topology
 
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -49,6 +50,8 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     global _CLUSTER
     if _CLUSTER is not None:
         return _CLUSTER
+    address = bind.choose_address(bind_address)
+    bind.restrict_servers_to(address)       # may re-execute this process, before Horovod starts
     hvd = _horovod()
     hvd.init()
     host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
@@ -57,10 +60,11 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
     for peer in peers:
         if peer["host"] not in hosts:
             hosts.append(peer["host"])
-    one_host = len(hosts) == 1
-    address = bind_address or ("127.0.0.1" if one_host else _address_of(host_name))
+    if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
+        address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
     want = 2 if (with_ps and hvd.local_rank() == 0) else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
+    bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "ps": f"{address}:{ports[1]}" if want == 2 else None}
     everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])

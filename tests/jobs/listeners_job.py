@@ -1,0 +1,26 @@
+"""Trains briefly, then reports where this rank's TF servers listen and whether they answer on
+another of this host's addresses. usage: listeners_job.py OTHER_ADDRESS|-"""
+import os
+import socket
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import parallax_tf as ptf  # noqa: E402
+from parallax_tf.runtime import cluster  # noqa: E402
+from tests import cases  # noqa: E402
+
+ptf.run(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), steps=2, log_every=0)
+rank = os.environ.get("HOROVOD_RANK", "0")
+spec = cluster.start_cluster(None, None).spec   # the running cluster (cached)
+mine = [spec["worker"][int(rank)]] + [a for a in spec.get("ps", []) if int(rank) == 0]
+for address in mine:
+    port = address.rsplit(":", 1)[1]
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
+    print(f"LISTEN rank={rank} port={port} local={listening[3] if len(listening) > 3 else '?'}", flush=True)
+    if sys.argv[1] != "-":
+        try:
+            socket.create_connection((sys.argv[1], int(port)), timeout=2).close()
+            print(f"REACHABLE rank={rank} via={sys.argv[1]} port={port}", flush=True)
+        except OSError:
+            print(f"REFUSED rank={rank} via={sys.argv[1]} port={port}", flush=True)
