@@ -5,12 +5,16 @@ import os
 import subprocess
 import sys
 
+from parallax_tf.runtime import bind
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 
 
-def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, env=None):
-    """Runs `python argv...` on np_ real ranks and returns the CompletedProcess (never hangs)."""
+def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, env=None, preload=True):
+    """Runs `python argv...` on np_ real ranks and returns the CompletedProcess (never hangs).
+    With `preload`, ranks start with the bind shim loaded, as parallax_tf's own launcher starts
+    them; without it each rank re-executes itself to load it."""
     if launcher == "horovodrun":
         command = [PYTHON, "-m", "horovod.runner.launch", "-np", str(np_), "-H", f"localhost:{np_}",
                    "--gloo", PYTHON, *argv]
@@ -20,6 +24,8 @@ def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, 
     else:
         command = [PYTHON, *argv]
     full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    if preload:
+        full_env = bind.preload_env(full_env)
     full_env.update(env or {})
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True)

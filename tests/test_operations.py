@@ -119,7 +119,8 @@ def _other_address():
 
 def test_servers_listen_on_the_launcher_interface_only():
     other = _other_address()
-    proc = launch.run_ranks(2, ["tests/jobs/listeners_job.py", other or "-"], timeout=180)
+    # no preload: each rank must re-execute itself with the shim, as under a plain horovodrun
+    proc = launch.run_ranks(2, ["tests/jobs/listeners_job.py", other or "-"], timeout=180, preload=False)
     assert proc.returncode == 0, launch.tail(proc)
     listens = re.findall(r"LISTEN rank=(\d) port=(\d+) local=(\S+)", proc.stdout)
     assert len(listens) == 3      # two workers and the host's PS server

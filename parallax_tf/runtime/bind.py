@@ -61,6 +61,17 @@ def announce_ports(ports) -> None:
     os.environ[PORTS_ENV] = ",".join(listed + [str(p) for p in ports])
 
 
+def preload_env(env: dict) -> dict:
+    """`env` with the shim preloaded, for launchers: ranks then need no re-execution. The shim
+    does nothing in a process that has not set PARALLAX_BIND_ADDRESS (the launcher itself)."""
+    try:
+        shim = _shim_path()
+    except ClusterError:
+        return env                      # each rank will say what is missing
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
+    return dict(env, LD_PRELOAD=":".join([shim] + preload))
+
+
 def _shim_path() -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     found = glob.glob(os.path.join(here, "_bindshim*.so"))

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from parallax_tf.runtime import bind
+
 
 def launch_local(num_ranks: int, start_timeout_s: int) -> int:
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
@@ -14,7 +16,7 @@ def launch_local(num_ranks: int, start_timeout_s: int) -> int:
     command = [sys.executable, "-m", "horovod.runner.launch", "-np", str(num_ranks),
                "-H", f"localhost:{num_ranks}", "--gloo", "--start-timeout", str(start_timeout_s),
                sys.executable, *argv]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = bind.preload_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         return proc.wait()

@@ -2,6 +2,7 @@
 and saves what this rank got into --out/<case>.rank<r>.npz. A rank can be made to misbehave."""
 import os
 import sys
+import time
 
 import numpy as np
 from absl import app, flags
@@ -28,6 +29,8 @@ def main(argv):
 
     def input_fn(ctx):
         if ctx.rank == FLAGS.die_rank and ctx.step == FLAGS.die_at_step:
+            with open(os.path.join(FLAGS.out, "died_at"), "w") as stamp:
+                stamp.write(repr(time.time()))
             os.kill(os.getpid(), 9)
         feeds = inner(ctx)
         if ctx.rank == 1 and ctx.step == FLAGS.nan_at_step:
