@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 from typing import List
 
@@ -77,7 +78,9 @@ def setup(topo: Topology) -> None:
         _shape(outside, topo, BRIDGE_NS)         # bridge -> host
         os.makedirs(f"/etc/netns/{ns}", exist_ok=True)   # `ip netns exec` mounts it over /etc/hosts
         with open(f"/etc/netns/{ns}/hosts", "w") as f:
-            f.write(hosts_file)
+            # gloo looks up the machine's own hostname (shared by every namespace): inside host
+            # i it must resolve to host i's address
+            f.write(hosts_file + f"{host_address(i)} {socket.gethostname()}\n")
     # the launcher's own door to the bridge, for Horovod's rendezvous server (not shaped)
     subprocess.run(["ip", "link", "add", f"{PREFIX}-l0", "type", "veth", "peer", "name", f"{PREFIX}-l1"], check=True)
     subprocess.run(["ip", "link", "set", f"{PREFIX}-l1", "netns", BRIDGE_NS], check=True)
