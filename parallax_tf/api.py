@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from parallax_tf import flags as ptf_flags
@@ -81,10 +82,12 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard)
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
+        link_before = session.link_counters() if topo.local_rank == 0 else None
         began = time.perf_counter()
         losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
                                       hooks, tracer, guard)
         wall = time.perf_counter() - began
+        link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
             sess.run(dgraph.barrier)
             variables = state_io.read(sess, keys=list(dgraph.parts))
@@ -105,7 +108,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             tf.compat.v1.Session.reset(cluster.target, [run_id])
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
-                    bytes_per_step=stats.mean_bytes(),
+                    bytes_per_step=stats.mean_bytes(), step_times=stats.times,
+                    examples_per_step=stats.examples // max(1, len(stats.times)),
+                    lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
+                    link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
                     checkpoint=checkpointer.last_path if checkpointer else None)
     if topo.is_chief and opts.log_every:
         _print_summary(result)

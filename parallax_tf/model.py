@@ -34,4 +34,8 @@ class Result:
     checkpoint: Optional[str] = None   # the last checkpoint written or resumed from
     wall_time_s: float = 0.0
     examples_per_s: Optional[float] = None
-    bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)
+    examples_per_step: int = 0         # all ranks together
+    bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)   # this rank, per route
+    lower_bound_bytes_per_step: float = 0.0   # the least this rank's share of the plan must move
+    step_times: List[float] = dataclasses.field(default_factory=list)
+    link_bytes: Optional[Dict[str, int]] = None   # this host's link tx/rx over the training loop

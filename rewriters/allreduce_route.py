@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from rewriters.common import BuildRequest, Rebuilt, optimizer_state, tensor_bytes
+from rewriters.ps_route import lower_bound_bytes
 
 
 class AllReduceRoute:
@@ -15,15 +16,18 @@ class AllReduceRoute:
         self.local_state = []
         self.applied = []           # variables this route's optimizer updates
         self.bytes = {}
+        self.lower_bound = []       # per variable: the least this rank must move for it
 
     def build(self) -> tf.Operation:
         import horovod.tensorflow as hvd
-        size = self.request.topology.size
+        topo = self.request.topology
+        size = topo.size
         groups, sparse = {}, []
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
                 if grad is None:
                     continue
+                self.lower_bound.append(lower_bound_bytes(grad, part.variable, size))
                 if isinstance(grad, tf.IndexedSlices):
                     sparse.append((grad, part.variable))
                 else:

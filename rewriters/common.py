@@ -33,6 +33,14 @@ class Topology:
     def worker_device(self) -> str:
         return f"/job:worker/task:{self.rank}"
 
+    def host_of(self, rank: int) -> int:
+        start = 0
+        for host, count in enumerate(self.ranks_per_host):
+            start += count
+            if rank < start:
+                return host
+        raise ValueError(f"rank {rank} is on no host of {self.ranks_per_host}")
+
 
 @dataclasses.dataclass
 class BuildRequest:
@@ -66,6 +74,7 @@ class DistributedGraph:
     broadcast: Optional[tf.Operation]           # dense replicas from rank 0 to all
     barrier: tf.Operation                       # a cross-rank rendezvous
     bytes_per_step: Dict[str, tf.Tensor]        # route -> bytes this rank moved in the step
+    lower_bound_bytes: tf.Tensor = None         # the least the plan's variables need per step
     global_step_var: tf.Variable = None
     # (optimizer, variables it updates in this graph): where slots and non-slot state live
     optimizers: List[tuple] = dataclasses.field(default_factory=list)

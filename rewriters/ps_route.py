@@ -24,6 +24,7 @@ class PSRoute:
         self.chief_init: List[tf.Operation] = []
         self.applied = []           # variables this route's optimizer updates (rank 0 only)
         self.bytes = {}
+        self.lower_bound = []       # per variable: the least this rank must move for it
 
     def build(self) -> tf.Operation:
         topo = self.topo
@@ -40,6 +41,9 @@ class PSRoute:
                 var = part.variable
                 with tf.device(topo.worker_device):
                     grad = combine_duplicates(grad) if isinstance(grad, tf.IndexedSlices) else grad
+                    self.lower_bound.append(lower_bound_bytes(grad, var, topo.size))
+                # the first rank of a host serves that host's shards in-process: no transfer
+                remote = not (server_of(var) == topo.host and topo.local_rank == 0)
                 shared = var.op.name + "/parallax_grad"
                 target = _accumulator(var, grad, shared, var.device)
                 if local_agg:
@@ -49,10 +53,12 @@ class PSRoute:
                         with tf.control_dependencies([push]):
                             host_sum = _take(host_acc, grad, topo.local_size)
                         push = _push(target, host_sum, step)
-                        push_bytes.append(tensor_bytes(host_sum))
+                        if remote:
+                            push_bytes.append(tensor_bytes(host_sum))
                 else:
                     push = _push(target, grad, step)
-                    push_bytes.append(tensor_bytes(grad))
+                    if remote:
+                        push_bytes.append(tensor_bytes(grad))
                 pushes.append(push)
                 pending.append((target, grad, var))
         self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
@@ -81,15 +87,34 @@ class PSRoute:
         return tf.group(apply, *tokens)
 
     def _pull_bytes(self) -> tf.Tensor:
-        """Bytes of the forward's reads of PS variables (gathered rows, or whole dense values)."""
+        """Bytes of the forward's reads of PS variables served by another process (gathered rows,
+        or whole dense values)."""
         needed = _ancestors(self.rebuilt.model.loss.op)
         sizes = []
         for entry in self.entries:
             for part in self.rebuilt.parts[entry.name]:
+                if server_of(part.variable) == self.topo.host and self.topo.local_rank == 0:
+                    continue
                 for op in part.variable.handle.consumers():
                     if op.type in ("ResourceGather", "ReadVariableOp") and op in needed:
                         sizes.append(tensor_bytes(op.outputs[0]))
         return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
+
+
+def server_of(var) -> int:
+    """The PS task (= host index) a variable lives on."""
+    return tf.DeviceSpec.from_string(var.device).task
+
+
+def lower_bound_bytes(grad, var, num_ranks: int) -> tf.Tensor:
+    """The least one rank must move for this variable per step: a sparse gradient's distinct
+    rows pushed and pulled once; a dense one through ring AllReduce, 2(N-1)/N of its bytes."""
+    if isinstance(grad, tf.IndexedSlices):
+        rows = tf.cast(tf.size(tf.unique(grad.indices).y, out_type=tf.int64), tf.int64)
+        row_bytes = var.dtype.base_dtype.size * max(1, int(tf.TensorShape(var.shape[1:]).num_elements() or 1))
+        return 2 * rows * row_bytes
+    dense = var.dtype.base_dtype.size * int(var.shape.num_elements())
+    return tf.constant(int(2 * (num_ranks - 1) / num_ranks * dense), tf.int64)
 
 
 def combine_duplicates(grad: tf.IndexedSlices) -> tf.IndexedSlices:
@@ -131,19 +156,10 @@ def _scale(grad, factor):
 def _token_queue(rank: int, plan, topo):
     """Rank `rank`'s own token queue, on its host's server (one queue per rank: a shared queue
     would let a fast rank take a slower rank's token and run a step ahead)."""
-    host = _host_of(rank, topo)
+    host = topo.host_of(rank)
     with tf.device(f"/job:ps/task:{host}"):
         return tf.queue.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"parallax_token_{rank}",
                                   name=f"parallax_token_{rank}")
-
-
-def _host_of(rank: int, topo) -> int:
-    start = 0
-    for host, count in enumerate(topo.ranks_per_host):
-        if rank < start + count:
-            return host
-        start += count
-    raise ValueError(f"rank {rank} is on no host of {topo.ranks_per_host}")
 
 
 def _ancestors(op) -> set:

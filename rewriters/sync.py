@@ -60,6 +60,8 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=chief_init,
         local_init=tf.group(*local_init), broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
         bytes_per_step=byte_counts, global_step_var=global_step,
+        lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
+                                   or [tf.constant(0, tf.int64)]),
         optimizers=[(allreduce.optimizer, allreduce.applied)]
         + ([(ps_route.optimizer, ps_route.applied)] if ps_route else []))
 

@@ -46,7 +46,7 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
                   f"{bandwidth} but --delay={delay} is NOT applied", file=sys.stderr, flush=True)
         if on_ready:
             on_ready()
-        return _launch(command, hosts, ranks_per_host, env)
+        return _launch(command, hosts, ranks_per_host, dict(env, PARALLAX_LINK_IFACE="eth0"))
     finally:
         netns.teardown()
 

@@ -31,8 +31,11 @@ mkdir -p "$stamp_dir"
 if [ ! -f "$stamp_dir/pip.done" ]; then
   log "installing tensorflow-cpu $TF_VERSION, absl-py, numpy, pytest"
   "$py" -m pip install -q --upgrade pip wheel setuptools
-  "$py" -m pip install -q "tensorflow-cpu==$TF_VERSION" absl-py numpy pytest cloudpickle psutil pyyaml packaging cffi
+  "$py" -m pip install -q "tensorflow-cpu==$TF_VERSION" absl-py numpy pytest matplotlib cloudpickle psutil pyyaml packaging cffi
   touch "$stamp_dir/pip.done"
+fi
+if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then   # tools.bench plots (added later)
+  "$py" -m pip install -q matplotlib
 fi
 
 # 3. Horovod from its sdist, patched for TF 2.21 (see BUILD.md).

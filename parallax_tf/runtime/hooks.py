@@ -18,11 +18,13 @@ class StepStats:
     def __init__(self):
         self.times: List[float] = []
         self.bytes: Dict[str, List[int]] = {}
+        self.lower_bound: List[int] = []
         self.examples = 0
 
-    def add(self, seconds: float, moved: Dict[str, int], examples: int) -> None:
+    def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0) -> None:
         self.times.append(seconds)
         self.examples += examples
+        self.lower_bound.append(int(lower_bound))
         for route, n in moved.items():
             self.bytes.setdefault(route, []).append(int(n))
 

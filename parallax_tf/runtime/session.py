@@ -75,7 +75,7 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
     losses: List[float] = []
     stats = StepStats()
     fetches = {"loss": dgraph.loss, "mean_loss": dgraph.mean_loss, "train": dgraph.train_op,
-               "bytes": dgraph.bytes_per_step}
+               "bytes": dgraph.bytes_per_step, "lower_bound": dgraph.lower_bound_bytes}
     try:
         for step in range(start, steps):
             ctx.step = step
@@ -84,7 +84,8 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             begin = time.perf_counter()
             with guard(f"step {step}"):
                 out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
-            stats.add(time.perf_counter() - begin, out["bytes"], _batch_size(feeds) * ctx.size)
+            stats.add(time.perf_counter() - begin, out["bytes"], _batch_size(feeds) * ctx.size,
+                      out["lower_bound"])
             tracer.record(step, metadata)
             losses.append(float(out["loss"]))
             # The mean over ranks decides, so every rank stops at the same step.
@@ -99,6 +100,17 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
     for hook in hooks:         # only after a clean finish: never checkpoint a broken state
         hook.end(steps)
     return losses, stats
+
+
+def link_counters() -> Optional[dict]:
+    """tx/rx bytes of this host's link when the run says which one it is (emulated clusters set
+    PARALLAX_LINK_IFACE for the first rank of each host), else None."""
+    import os
+    iface = os.environ.get("PARALLAX_LINK_IFACE")
+    if not iface:
+        return None
+    base = f"/sys/class/net/{iface}/statistics"
+    return {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
 
 
 def _batch_size(feeds) -> int:

@@ -1,0 +1,124 @@
+"""The baselines, written the way users write them without parallax_tf, for tools.bench.
+
+  horovod        hvd.DistributedOptimizer on the whole model (IndexedSlices by allgather)
+  horovod_dense  the same with sparse_as_dense=True
+  tf_ps          replica_device_setter (greedy by bytes) + SyncReplicasOptimizer
+  single         one process, plain TF: the compute time a step needs with no communication
+Each returns per-step wall times and examples per step, like parallax_tf.run's Result."""
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from parallax_tf.inspect_graph import call_model_fn, make_feeds, _needed_placeholders
+from parallax_tf.model import RunContext
+from parallax_tf.runtime import session as session_lib
+from parallax_tf.runtime.cluster import start_cluster
+
+BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
+
+
+def run(name: str, model_fn, input_fn, steps: int, seed: int = 0) -> dict:
+    if name == "single":
+        return _single(model_fn, input_fn, steps, seed)
+    cluster = start_cluster(None, None)
+    topo = cluster.topology
+    ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
+    if name in ("horovod", "horovod_dense"):
+        return _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense=name == "horovod_dense")
+    if name == "tf_ps":
+        return _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster)
+    raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
+
+
+def _loop(sess_run, graph, model, input_fn, ctx, steps):
+    placeholders = _needed_placeholders(model.loss)
+    times, examples = [], 0
+    link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
+    for step in range(steps):
+        ctx.step = step
+        feeds = make_feeds(input_fn, ctx, placeholders, graph)
+        begin = time.perf_counter()
+        sess_run(feeds)
+        times.append(time.perf_counter() - begin)
+        examples = session_lib._batch_size(feeds) * ctx.size
+    link_after = session_lib.link_counters() if link_before else None
+    if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
+        import horovod.tensorflow as hvd
+        hvd.allgather_object(None)
+    return {"step_times": times, "examples_per_step": examples,
+            "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
+
+
+def _single(model_fn, input_fn, steps, seed):
+    graph = tf.Graph()
+    ctx = RunContext()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        model = call_model_fn(model_fn, ctx)
+        train = model.optimizer.minimize(model.loss)
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(tf.compat.v1.global_variables_initializer())
+    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+
+
+def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
+    import horovod.tensorflow as hvd
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        model = call_model_fn(model_fn, ctx)
+        optimizer = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense)
+        train = optimizer.minimize(model.loss)
+        broadcast = hvd.broadcast_global_variables(0)
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(broadcast)
+    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+
+
+def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
+    import horovod.tensorflow as hvd
+    num_ps = len(cluster.spec["ps"])
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        setter = tf.compat.v1.train.replica_device_setter(
+            ps_tasks=num_ps, worker_device=f"/job:worker/task:{ctx.rank}", cluster=cluster.spec,
+            ps_strategy=GreedyByBytes(num_ps))
+        with tf.compat.v1.device(setter):   # TF2 tf.device takes no device functions
+            model = call_model_fn(model_fn, ctx)
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
+            train = optimizer.minimize(model.loss, global_step=global_step)
+        hooks = [optimizer.make_session_run_hook(ctx.rank == 0)]
+    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"])
+
+    def open_session():
+        with graph.as_default():
+            return tf.compat.v1.train.MonitoredTrainingSession(master=cluster.target, is_chief=ctx.rank == 0,
+                                                               hooks=hooks, config=config)
+    # The chief initialises first; a worker that finds the model not ready polls only every 30 s.
+    if ctx.rank == 0:
+        sess = open_session()
+        hvd.allgather_object(None)
+    else:
+        hvd.allgather_object(None)
+        sess = open_session()
+    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+
+
+class GreedyByBytes:
+    """tf.contrib.training.GreedyLoadBalancingStrategy with byte_size_load_fn (contrib is gone
+    from TF 2): each variable goes to the PS task holding the fewest bytes so far."""
+
+    def __init__(self, num_tasks: int):
+        self.loads = [0] * num_tasks
+
+    def __call__(self, op) -> int:
+        task = min(range(len(self.loads)), key=lambda t: (self.loads[t], t))
+        shape = tf.TensorShape(op.get_attr("shape"))
+        self.loads[task] += (shape.num_elements() or 0) * tf.as_dtype(op.get_attr("dtype")).size
+        return task

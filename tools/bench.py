@@ -1,0 +1,121 @@
+"""Side-by-side benchmark of strategies on one emulated cluster.
+
+    python -m tools.bench --hosts 8 --bandwidth 100mbit --model lm \\
+        --strategies hybrid,horovod,horovod_dense,tf_ps --steps 30 --json out/bench.json
+
+Every strategy trains the same model with the same per-rank batches on the same cluster, one
+after another. Prints a table (examples/s, step time, bytes per step on the wire, the plan's
+lower bound, ratios to each baseline), writes JSON and a PNG plot."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags
+
+from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps and the other run flags)
+from tools import cluster
+
+flags.DEFINE_string("model", "lm", "lm | cnn | mlp")
+flags.DEFINE_list("strategies", ["hybrid", "horovod", "horovod_dense", "tf_ps"], "What to compare.")
+flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
+flags.DEFINE_string("json", None, "Write the results here (and a PNG beside it).")
+FLAGS = flags.FLAGS
+BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps")
+
+
+def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str, delay: str,
+                 model: str, steps: int, warmup: int) -> dict:
+    out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
+    job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
+           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"]
+    if strategy == "single":
+        status = subprocess.run(job).returncode
+    else:
+        status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay)
+    if status != 0:
+        return {"error": f"exit status {status}"}
+    ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    return summarise(ranks)
+
+
+def summarise(ranks) -> dict:
+    """Cluster-wide figures from the per-rank records (bytes are per rank per step)."""
+    step_s = max(r["step_s"] for r in ranks)            # synchronous: the slowest rank sets the pace
+    examples = ranks[0]["examples_per_step"]
+    links = [r["link_bytes_per_step"] for r in ranks if r["link_bytes_per_step"]]
+    wire = sum(l["tx"] for l in links) / len(ranks) if links else None
+    reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
+    lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
+    return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
+            "bytes_per_step": wire,
+            "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
+            "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
+
+
+def table(results: dict) -> str:
+    baselines = [b for b in BASELINE_NAMES if b in results and "error" not in results[b]]
+    header = ["strategy", "examples/s", "step ms", "wire B/step/rank", "graph B/step", "lower bound",
+              "wire/LB"] + [f"vs {b}" for b in baselines]
+    rows = [header]
+    for name, r in results.items():
+        if "error" in r:
+            rows.append([name, r["error"]] + [""] * (len(header) - 2))
+            continue
+        lb, wire = r.get("lower_bound_bytes_per_step"), r.get("bytes_per_step")
+        rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}", _fmt(wire),
+                     _fmt(r.get("reported_bytes_per_step")), _fmt(lb),
+                     f"{wire / lb:.2f}" if wire and lb else "-"]
+                    + [f"{r['examples_per_s'] / results[b]['examples_per_s']:.2f}x" for b in baselines])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def plot(results: dict, cluster_info: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [n for n, r in results.items() if "error" not in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.bar(names, [results[n]["examples_per_s"] for n in names], color="tab:blue")
+    left.set_ylabel("examples/s")
+    right.bar(names, [(results[n]["bytes_per_step"] or 0) / 2**20 for n in names], color="tab:orange")
+    right.set_ylabel("MB on the wire per step per rank")
+    for axis in (left, right):
+        axis.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{cluster_info['model']}: {cluster_info['hosts']} hosts x {cluster_info['ranks_per_host']} "
+                 f"ranks, {cluster_info['bandwidth']} links")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _fmt(n):
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+
+
+def main(argv):
+    info = {"hosts": FLAGS.hosts, "ranks_per_host": FLAGS.ranks_per_host, "bandwidth": FLAGS.bandwidth,
+            "delay": FLAGS.delay, "model": FLAGS.model, "steps": FLAGS.steps, "warmup": FLAGS.warmup}
+    results = {}
+    for strategy in FLAGS.strategies:
+        print(f"bench: {strategy} ...", file=sys.stderr, flush=True)
+        results[strategy] = run_strategy(strategy, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth,
+                                         FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup)
+    print(table(results))
+    if FLAGS.json:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
+        with open(FLAGS.json, "w") as f:
+            json.dump({"cluster": info, "results": results}, f, indent=1)
+        plot(results, info, os.path.splitext(FLAGS.json)[0] + ".png")
+
+
+if __name__ == "__main__":
+    app.run(main)
