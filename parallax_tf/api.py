@@ -48,7 +48,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                                     "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief)
+    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief,
+                       time_compute=opts.strategy == "auto")
     plan = _agree_on_plan(captured, opts, topo, cluster)
     if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
@@ -150,7 +151,8 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     text = None
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
-                         int(opts.partition_threshold_mb * 2**20), opts.local_aggregation)
+                         int(opts.partition_threshold_mb * 2**20), opts.local_aggregation,
+                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)))
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -159,12 +161,24 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
 def _plan_only(model_fn, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed)
+    captured = capture(model_fn, input_fn, ctx, opts.seed, time_compute=opts.strategy == "auto")
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
-                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation)
+                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks))
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)
+
+
+def cost_cluster(opts, hosts: int, ranks_per_host: int):
+    """The cluster --strategy=auto plans for: flags, else what tools.cluster says it emulates."""
+    from parallax_tf import costmodel
+    bandwidth = opts.link_bandwidth or os.environ.get("PARALLAX_LINK_BANDWIDTH") or "10gbit"
+    delay = opts.link_delay or os.environ.get("PARALLAX_LINK_DELAY") or "0.05ms"
+    try:
+        return costmodel.Cluster(hosts, ranks_per_host, costmodel.parse_rate(bandwidth), costmodel.parse_delay(delay),
+                                 cores=int(os.environ["PARALLAX_CORES"]) if "PARALLAX_CORES" in os.environ else None)
+    except ValueError as err:
+        raise ConfigError(f"--link_bandwidth/--link_delay: {err}") from None
 
 
 def _bound_horovod_stalls(timeout_s: int) -> None:

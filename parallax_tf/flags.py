@@ -33,7 +33,11 @@ flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, 
 # the script's arguments too, so that name cannot reach the ranks.
 flags.DEFINE_string("timeline_file", None, "Chrome trace of the --timeline_steps steps (PATH) plus "
                     "Horovod's timeline (PATH.horovod.json).")
-flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline.")
+flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline_file.")
+flags.DEFINE_string("link_bandwidth", None, "Per-host link rate --strategy=auto plans for (e.g. 10gbit; "
+                    "default: what tools.cluster emulates, else 10gbit).")
+flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
+                    "what tools.cluster emulates, else 0.05ms).")
 
 
 @dataclasses.dataclass
@@ -57,6 +61,8 @@ class Options:
     logdir: Optional[str]
     timeline_file: Optional[str]
     timeline_steps: list
+    link_bandwidth: Optional[str]
+    link_delay: Optional[str]
 
 
 def resolve(**overrides) -> Options:

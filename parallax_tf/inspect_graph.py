@@ -39,6 +39,7 @@ class VariableInfo:
     gradient: str                  # sparse | dense | none
     layer: str
     rows_touched: Optional[int]    # unique rows one rank's batch touches (sparse only)
+    gathered_bytes: Optional[int]  # bytes its lookups return for one batch, repeats included
     user_partitioned: bool
     part_names: List[str]          # the variables holding it in the capture graph
     part_rows: List[int]
@@ -55,6 +56,7 @@ class Capture:
     initial_values: Dict[str, np.ndarray]   # logical name -> whole value
     placeholders: List[str]                 # placeholder names the loss needs fed
     optimizer_name: str
+    compute_s: Optional[float] = None       # one single-device forward+backward, when timed
 
 
 def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
@@ -100,7 +102,7 @@ def record_get_variable(names: set):
 
 
 def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
-            evaluate: bool = True) -> Capture:
+            evaluate: bool = True, time_compute: bool = False) -> Capture:
     """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch."""
     graph = tf.Graph()
     from_get_variable: set = set()
@@ -120,13 +122,16 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
         values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
                   for name, pairs in groups.items()}
-        rows: Dict[str, int] = {}
+        rows: Dict[str, tuple] = {}
+        compute_s = None
         if evaluate:
             with tf.compat.v1.Session(graph=graph) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(),
                           tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()])
                 values = sess.run({name: [v for v, _ in pairs] for name, pairs in groups.items()})
                 rows = _rows_touched(sess, groups, feeds)
+                if time_compute:
+                    compute_s = _time_step(sess, [g for g in grads if g is not None], feeds)
     infos, initial = [], {}
     for name, pairs in groups.items():
         parts = [v for v, _ in pairs]
@@ -137,10 +142,11 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         infos.append(VariableInfo(
             name=name, shape=list(whole.shape), dtype=parts[0].dtype.base_dtype.name,
             bytes=int(whole.nbytes), gradient=gradient, layer=_layer_kind(parts, gradient),
-            rows_touched=rows.get(name), user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
+            rows_touched=rows.get(name, (None, None))[0], gathered_bytes=rows.get(name, (None, None))[1],
+            user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
             from_get_variable=name in from_get_variable))
-    return Capture(infos, initial, placeholders, type(model.optimizer).__name__)
+    return Capture(infos, initial, placeholders, type(model.optimizer).__name__, compute_s)
 
 
 def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dict:
@@ -205,12 +211,29 @@ def _gradient_kind(grad) -> str:
     return "sparse" if isinstance(grad, tf.IndexedSlices) else "dense"
 
 
-def _rows_touched(sess, groups, feeds) -> Dict[str, int]:
+def _rows_touched(sess, groups, feeds) -> Dict[str, tuple]:
+    """(distinct rows, bytes gathered) per sparse variable for one batch."""
     fetches = {}
     for name, pairs in groups.items():
         if all(isinstance(g, tf.IndexedSlices) for _, g in pairs):
-            fetches[name] = tf.add_n([tf.size(tf.unique(g.indices).y) for _, g in pairs])
-    return {k: int(v) for k, v in sess.run(fetches, feeds).items()} if fetches else {}
+            gathers = [op.outputs[0] for v, _ in pairs for op in _consumers(v) if op.type in _GATHER_OPS]
+            gathered = [tf.cast(tf.size(t, out_type=tf.int64), tf.int64) * t.dtype.size for t in gathers]
+            fetches[name] = (tf.add_n([tf.size(tf.unique(g.indices).y) for _, g in pairs]),
+                             tf.add_n(gathered) if gathered else tf.constant(0, tf.int64))
+    return {k: (int(v[0]), int(v[1])) for k, v in sess.run(fetches, feeds).items()} if fetches else {}
+
+
+def _time_step(sess, grads, feeds, repeats: int = 3) -> float:
+    """Median wall time of one forward+backward pass on one batch (no update: values stay)."""
+    import time
+    tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    sess.run(tensors, feeds)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        sess.run(tensors, feeds)
+        times.append(time.perf_counter() - begin)
+    return sorted(times)[len(times) // 2]
 
 
 def _consumers(variable):

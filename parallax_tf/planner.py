@@ -8,31 +8,57 @@ from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, Plan, Shard, VariablePlan
 
-STRATEGIES = ("hybrid", "ps", "allreduce")
+STRATEGIES = ("hybrid", "ps", "allreduce", "auto")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
 
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
               partitions: Optional[int] = None, partition_threshold_bytes: int = 8 * 2**20,
-              local_aggregation: bool = True) -> Plan:
+              local_aggregation: bool = True, cost_cluster=None) -> Plan:
+    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if partitions is not None and partitions < 1:
         raise ConfigError(f"--partitions must be >= 1, got {partitions}")
     server_load = [0] * num_hosts
     entries = []
+    auto = _auto_choices(capture, cost_cluster) if strategy == "auto" else {}
     for info in capture.variables:
-        route, reason = _route(strategy, info)
+        route, reason = auto[info.name] if auto else _route(strategy, info)
+        count = None
+        if auto:
+            route, count = route.route, route.partitions
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned)
         if route == ROUTE_PS:
-            _shard(entry, info, partitions, partition_threshold_bytes, num_hosts, server_load)
+            forced = partitions if partitions is not None else count
+            _shard(entry, info, forced, partition_threshold_bytes, num_hosts, server_load)
         entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
         entries.append(entry)
     _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
     return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
                 local_aggregation=local_aggregation, variables=entries)
+
+
+def _auto_choices(capture: Capture, cluster):
+    """Route and shard count per variable from the cost model, with the predicted step time."""
+    from parallax_tf import costmodel
+    if cluster is None:
+        raise ConfigError("--strategy=auto needs the cluster it plans for (hosts, link bandwidth)")
+    loads = costmodel.loads_from(capture)
+    compute = capture.compute_s or 0.0
+    choices = costmodel.choose(loads, cluster, compute)
+    step = costmodel.predict(loads, choices, cluster, compute).step_s
+    out = {}
+    for load in loads:
+        choice = choices[load.name]
+        alternatives = ", ".join(
+            f"{c.route}{'x' + str(c.partitions) if c.route == ROUTE_PS else ''} "
+            f"{costmodel.predict(loads, {**choices, load.name: c}, cluster, compute).step_s * 1000:.1f}ms"
+            for c in costmodel.candidates(load, cluster) if c != choice)
+        out[load.name] = (choice, f"cost model: predicted step {step * 1000:.1f}ms; instead: {alternatives}")
+    return out
 
 
 def _route(strategy: str, info: VariableInfo):
@@ -76,7 +102,7 @@ def _partition_count(info: VariableInfo, partitions, threshold, num_hosts, entry
             entry.reason += "; not partitioned: created by tf.Variable (use get_variable to partition)"
         return 1
     if partitions is not None:
-        entry.reason += f"; {partitions} partitions from --partitions"
+        entry.reason += f"; {partitions} partitions (--partitions or the cost model)"
         return min(partitions, rows)
     if info.bytes <= threshold:
         return 1

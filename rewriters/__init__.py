@@ -1,4 +1,5 @@
 """One module per strategy, each with a single entry point `rewrite(build) -> DistributedGraph`."""
 from rewriters import allreduce, hybrid, ps
 
-REWRITERS = {"hybrid": hybrid.rewrite, "ps": ps.rewrite, "allreduce": allreduce.rewrite}
+# auto: the cost model picks PS or AllReduce per variable; the result is a hybrid plan.
+REWRITERS = {"hybrid": hybrid.rewrite, "ps": ps.rewrite, "allreduce": allreduce.rewrite, "auto": hybrid.rewrite}

@@ -5,4 +5,4 @@ from rewriters.sync import assemble
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
-    return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), "hybrid")
+    return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), request.plan.strategy)

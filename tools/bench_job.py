@@ -9,7 +9,7 @@ from absl import app, flags
 import parallax_tf as ptf
 from tools import baselines
 
-flags.DEFINE_string("model", "lm", "lm | cnn | mlp")
+flags.DEFINE_string("model", "lm", "lm | cnn | mlp")  # shared by tools.bench and tools.simulate
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
 flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")

@@ -46,7 +46,12 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
                   f"{bandwidth} but --delay={delay} is NOT applied", file=sys.stderr, flush=True)
         if on_ready:
             on_ready()
-        return _launch(command, hosts, ranks_per_host, dict(env, PARALLAX_LINK_IFACE="eth0"))
+        # ranks report their host link's counters; --strategy=auto plans for the emulated links
+        # (delay only where the kernel can apply it) and the cores all hosts share
+        emulated = dict(env, PARALLAX_LINK_IFACE="eth0", PARALLAX_LINK_BANDWIDTH=bandwidth,
+                        PARALLAX_LINK_DELAY=delay if topo.delay_applied else "0ms",
+                        PARALLAX_CORES=str(os.cpu_count() or 1))
+        return _launch(command, hosts, ranks_per_host, emulated)
     finally:
         netns.teardown()
 

@@ -1,0 +1,174 @@
+"""A cost model: predicted step time of a plan on a cluster, and the per-variable choice that
+--strategy=auto makes with it (no relaunching, unlike the Parallax paper's partition search).
+
+Per step, every host link carries (each direction, full duplex):
+  AllReduce, dense b bytes        ring over N ranks: 2(N-1)/N * b leaves and enters each host
+  allgather, a bytes per rank     ring: (N-1) * a per host
+  PS, P shards over the hosts     each host pushes the union of its ranks' rows and pulls every
+                                  rank's gathered rows; a host serving s of the P shards
+                                  receives/sends s/P of every other host's share (fan-in)
+The busiest link sets the network time; round trips add latency; each message a server
+handles costs a fixed overhead; compute is the measured single-device time, stretched when
+more ranks than cores share a machine (as on an emulated cluster).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Dict, List, Optional, Tuple
+
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+
+INDEX_BYTES = 8
+
+
+@dataclasses.dataclass
+class Cluster:
+    hosts: int
+    ranks_per_host: int = 1
+    bandwidth_bytes_per_s: float = 100e6 / 8
+    delay_s: float = 0.0                 # one way, per link
+    message_overhead_s: float = 150e-6   # what a server spends per RPC it handles
+    rpc_overhead_s: float = 1e-3         # fixed cost of one PS round trip on a worker
+    cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+
+@dataclasses.dataclass
+class Load:
+    """What one variable asks of the network per rank per step (from inspect)."""
+    name: str
+    bytes: int
+    gradient: str                 # sparse | dense | none
+    row_bytes: int
+    rows: int                     # table rows
+    rows_touched: int = 0         # distinct rows one rank touches
+    gathered_bytes: int = 0       # bytes its lookups return for one rank, repeats included
+
+
+@dataclasses.dataclass
+class Choice:
+    route: str
+    partitions: int = 1
+
+
+@dataclasses.dataclass
+class Prediction:
+    compute_s: float
+    network_s: float
+    latency_s: float
+    server_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.network_s + self.latency_s + self.server_s
+
+
+def parse_rate(rate: str) -> float:
+    """tc-style rate ('100mbit', '1gbit', '12500kbps') in bytes per second."""
+    match = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", rate.strip().lower())
+    if not match:
+        raise ValueError(f"cannot read rate {rate!r}; write it like 100mbit or 1gbit")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+    value = float(match.group(1)) * scale
+    return value / 8 if match.group(3) == "bit" else value
+
+
+def parse_delay(delay: str) -> float:
+    match = re.fullmatch(r"([0-9.]+)\s*(us|ms|s)?", delay.strip().lower())
+    if not match:
+        raise ValueError(f"cannot read delay {delay!r}; write it like 1ms")
+    return float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[match.group(2)]
+
+
+def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[float], List[float], List[int]]:
+    """(tx, rx) bytes per host and messages per server host for one variable in one step."""
+    H, L, N = cluster.hosts, cluster.ranks_per_host, cluster.ranks
+    tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
+    if N == 1 or load.gradient == "none" or H == 1 and choice.route == ROUTE_ALLREDUCE:
+        return tx, rx, messages
+    if choice.route == ROUTE_ALLREDUCE:
+        if load.gradient == "sparse":
+            per_hop = (N - 1) * (load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES)
+        else:
+            per_hop = 2 * (N - 1) / N * load.bytes
+        return [per_hop] * H, [per_hop] * H, messages
+    shards = max(1, choice.partitions)
+    served = [0] * H                               # shards per host, round robin
+    for shard in range(shards):
+        served[shard % H] += 1
+    if load.gradient == "sparse":
+        push = min(load.rows, L * load.rows_touched) * (load.row_bytes + INDEX_BYTES)
+        pull = L * load.gathered_bytes
+    else:
+        push, pull = load.bytes, L * load.bytes
+    for host in range(H):
+        mine = served[host] / shards               # the part of every host's traffic this host serves
+        away = 1 - mine
+        tx[host] += away * push + (H - 1) * mine * pull
+        rx[host] += away * pull + (H - 1) * mine * push
+        messages[host] += served[host] * (H + N)   # one push per host, one pull per rank, per shard
+    return tx, rx, messages
+
+
+def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
+    H, N = cluster.hosts, cluster.ranks
+    tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
+    has_ps = has_ar = False
+    for load in loads:
+        choice = choices[load.name]
+        t, r, m = host_traffic(load, choice, cluster)
+        tx = [a + b for a, b in zip(tx, t)]
+        rx = [a + b for a, b in zip(rx, r)]
+        messages = [a + b for a, b in zip(messages, m)]
+        has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
+        has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient != "none"
+    network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
+    hop = 2 * cluster.delay_s                      # host -> bridge -> host
+    latency = 0.0
+    if N > 1 and has_ar and H > 1:
+        latency += 2 * (N - 1) * hop               # one fused ring AllReduce
+    if N > 1 and has_ps:
+        latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
+    stretch = max(1.0, N / cluster.cores) if cluster.cores else 1.0
+    return Prediction(compute_s=compute_s * stretch, network_s=network, latency_s=latency,
+                      server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0)
+
+
+def candidates(load: Load, cluster: Cluster) -> List[Choice]:
+    options = [Choice(ROUTE_ALLREDUCE)]
+    for shards in sorted({1, cluster.hosts, 2 * cluster.hosts, 4 * cluster.hosts}):
+        if shards <= max(1, load.rows):
+            options.append(Choice(ROUTE_PS, shards))
+    return options
+
+
+def choose(loads: List[Load], cluster: Cluster, compute_s: float) -> Dict[str, Choice]:
+    """Per variable, the route (and shard count) that minimises the predicted step time, by
+    coordinate descent from the Parallax rule (sparse on PS over every host, dense AllReduce)."""
+    choices = {l.name: (Choice(ROUTE_PS, cluster.hosts) if l.gradient == "sparse" else Choice(ROUTE_ALLREDUCE))
+               for l in loads}
+    for _ in range(3):
+        changed = False
+        for load in sorted(loads, key=lambda l: -l.bytes):
+            best = min(candidates(load, cluster),
+                       key=lambda c: (predict(loads, {**choices, load.name: c}, cluster, compute_s).step_s,
+                                      c.route != choices[load.name].route, c.partitions))
+            if best != choices[load.name]:
+                choices[load.name], changed = best, True
+        if not changed:
+            break
+    return choices
+
+
+def loads_from(capture) -> List[Load]:
+    out = []
+    for v in capture.variables:
+        rows = v.shape[0] if v.shape else 1
+        out.append(Load(name=v.name, bytes=v.bytes, gradient=v.gradient, row_bytes=v.row_bytes, rows=rows,
+                        rows_touched=v.rows_touched or 0, gathered_bytes=v.gathered_bytes or 0))
+    return out

@@ -1,0 +1,56 @@
+"""Cost-model predictions for 4-64 hosts, without running anything distributed.
+
+    python -m tools.simulate --model lm --link_bandwidth 100mbit
+
+Inspects the model once on this machine (single-device compute time, bytes per variable,
+rows a batch touches), then predicts the step time of each strategy as the cluster grows."""
+from __future__ import annotations
+
+from absl import app, flags
+
+from parallax_tf import costmodel
+from parallax_tf import flags as ptf_flags  # noqa: F401  (--link_bandwidth, --link_delay, --seed)
+from parallax_tf.costmodel import Choice
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import RunContext
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+from tools.bench_job import model_and_input
+
+flags.DEFINE_list("sim_hosts", ["4", "8", "16", "32", "48", "64"], "Cluster sizes to predict.")
+flags.DEFINE_integer("sim_ranks_per_host", 1, "Ranks per host.")
+FLAGS = flags.FLAGS
+PAPER_48_HOST_SPEEDUP = 6.02    # Parallax (EuroSys'19): hybrid vs Horovod on LM1B, 48 GPUs
+
+
+def strategy_choices(loads, cluster) -> dict:
+    """What each strategy would do with every variable on this cluster."""
+    return {
+        "hybrid": {l.name: Choice(ROUTE_PS, cluster.hosts) if l.gradient == "sparse" else Choice(ROUTE_ALLREDUCE)
+                   for l in loads},
+        "horovod": {l.name: Choice(ROUTE_ALLREDUCE) for l in loads},
+        "tf_ps": {l.name: Choice(ROUTE_PS, 1) for l in loads},
+        "auto": costmodel.choose(loads, cluster, 0.0),
+    }
+
+
+def main(argv):
+    model_fn, input_fn = model_and_input(FLAGS.model)
+    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed, time_compute=True)
+    loads = costmodel.loads_from(captured)
+    bandwidth = costmodel.parse_rate(FLAGS.link_bandwidth or "100mbit")
+    delay = costmodel.parse_delay(FLAGS.link_delay or "0ms")
+    print(f"{FLAGS.model}: single-device compute {captured.compute_s * 1000:.1f}ms/step, links "
+          f"{FLAGS.link_bandwidth or '100mbit'}, delay {FLAGS.link_delay or '0ms'}; predicted step time (ms):")
+    names = ["hybrid", "horovod", "tf_ps", "auto"]
+    print("hosts  " + "  ".join(f"{n:>9}" for n in names) + "  hybrid/horovod")
+    for hosts in [int(h) for h in FLAGS.sim_hosts]:
+        cluster = costmodel.Cluster(hosts, FLAGS.sim_ranks_per_host, bandwidth, delay)
+        steps = {n: costmodel.predict(loads, c, cluster, captured.compute_s).step_s
+                 for n, c in strategy_choices(loads, cluster).items()}
+        print(f"{hosts:>5}  " + "  ".join(f"{steps[n] * 1000:9.1f}" for n in names)
+              + f"  {steps['horovod'] / steps['hybrid']:13.2f}x"
+              + (f"   (Parallax paper, 48 GPUs: {PAPER_48_HOST_SPEEDUP}x)" if hosts == 48 else ""))
+
+
+if __name__ == "__main__":
+    app.run(main)
