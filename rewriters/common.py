@@ -125,14 +125,63 @@ def rebuild(request: BuildRequest) -> Rebuilt:
     if missing or extra:
         raise RuntimeError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                            f"new {sorted(extra)}); model_fn must build the same graph every call")
-    flat = [p.variable for name in parts for p in parts[name]]
+    sparse_on_ps = {v.name for v in plan.on_route(ROUTE_PS) if v.gradient == "sparse"}
     with tf.device(topo.worker_device):
-        flat_grads = tf.gradients(model.loss, flat)
+        grads = gradients(model.loss, parts, sparse_on_ps)
+    return Rebuilt(model=model, parts=parts, grads=grads)
+
+
+def gradients(loss, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
+    """Gradient per part. For a sparse variable on a PS, it is built here (on the worker) from
+    the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
+    colocate those ops with the variable, sending every looked-up row, repeats included, to
+    the server and back before the de-duplicated push."""
+    needed = ancestors(loss.op)
+    xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
+    for name, pieces in parts.items():
+        for part in pieces:
+            readers = [op for op in part.variable.handle.consumers() if op in needed]
+            lookups = [op for op in readers if op.type == "ResourceGather" and op.get_attr("batch_dims") == 0]
+            if name in sparse_on_ps and lookups and len(lookups) == len(readers):
+                recipe.append(("lookups", [(op, len(xs) + k) for k, op in enumerate(lookups)]))
+                xs.extend(op.outputs[0] for op in lookups)
+            else:
+                recipe.append(("var", len(xs)))
+                xs.append(part.variable)
+    dys = tf.gradients(loss, xs)
+    flat = []
+    for (kind, where), part in zip(recipe, [p for pieces in parts.values() for p in pieces]):
+        if kind == "var":
+            flat.append(dys[where])
+            continue
+        var = part.variable
+        row_shape = var.shape[1:].as_list()
+        pieces = [(tf.reshape(dys[i], [-1] + row_shape), tf.reshape(op.inputs[1], [-1]))
+                  for op, i in where if dys[i] is not None]
+        if not pieces:
+            flat.append(None)
+            continue
+        values = tf.concat([v for v, _ in pieces], 0) if len(pieces) > 1 else pieces[0][0]
+        indices = tf.concat([tf.cast(i, tf.int64) for _, i in pieces], 0) if len(pieces) > 1 else pieces[0][1]
+        flat.append(tf.IndexedSlices(values, indices, tf.constant(var.shape.as_list(), tf.int64)))
     grads, i = {}, 0
     for name, pieces in parts.items():
-        grads[name] = flat_grads[i:i + len(pieces)]
+        grads[name] = flat[i:i + len(pieces)]
         i += len(pieces)
-    return Rebuilt(model=model, parts=parts, grads=grads)
+    return grads
+
+
+def ancestors(op) -> set:
+    """Every op `op` depends on (data and control)."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+        stack.extend(current.control_inputs)
+    return seen
 
 
 def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:

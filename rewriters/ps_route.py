@@ -12,7 +12,8 @@ from typing import List
 
 import tensorflow as tf
 
-from rewriters.common import BuildRequest, Rebuilt, clone_optimizer, optimizer_state, tensor_bytes
+from rewriters.common import (BuildRequest, Rebuilt, ancestors, clone_optimizer, optimizer_state,
+                              tensor_bytes)
 
 
 class PSRoute:
@@ -73,8 +74,10 @@ class PSRoute:
         with tf.control_dependencies(pushes):
             averaged = []
             for acc, grad, var in pending:
-                total = _take(acc, grad, num_required)
-                averaged.append((_scale(total, 1.0 / topo.size), var))
+                # next to the variable, so the summed gradient never leaves its server
+                with tf.device(var.device):
+                    total = _take(acc, grad, num_required)
+                    averaged.append((_scale(total, 1.0 / topo.size), var))
         apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
         self.applied = [v for _, v in averaged]
         self.chief_init.append(tf.compat.v1.variables_initializer(optimizer_state(self.optimizer, self.applied)))
@@ -89,7 +92,7 @@ class PSRoute:
     def _pull_bytes(self) -> tf.Tensor:
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,
         or whole dense values)."""
-        needed = _ancestors(self.rebuilt.model.loss.op)
+        needed = ancestors(self.rebuilt.model.loss.op)
         sizes = []
         for entry in self.entries:
             for part in self.rebuilt.parts[entry.name]:
@@ -160,15 +163,3 @@ def _token_queue(rank: int, plan, topo):
     with tf.device(f"/job:ps/task:{host}"):
         return tf.queue.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"parallax_token_{rank}",
                                   name=f"parallax_token_{rank}")
-
-
-def _ancestors(op) -> set:
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
-    return seen
