@@ -66,3 +66,8 @@ def test_hybrid_under_mpirun_matches_single_device():
     out = job_output("hybrid", 2, launcher="mpirun")
     for name in ("mixed_adam", "partitioned", "auto_mod"):
         _check_case(out, name, 2)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in cases.CASES])
+def test_auto_strategy_matches_single_device(name):
+    _check_case(job_output("auto", 2), name, 2)
