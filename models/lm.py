@@ -62,13 +62,14 @@ def make_model_fn(vocab: int = DEFAULTS["vocab"], dim: int = DEFAULTS["dim"], hi
         embedding = tf.compat.v1.get_variable(
             "embedding", [vocab, dim], initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1, seed=7))
         with tf.compat.v1.variable_scope("lstm"):
-            outputs = lstm(tf.nn.embedding_lookup(embedding, ids), hidden)
+            outputs = lstm(tf.compat.v1.nn.embedding_lookup(embedding, ids), hidden)
         softmax_w = tf.compat.v1.get_variable(
             "softmax_w", [vocab, hidden], initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1, seed=13))
         softmax_b = tf.compat.v1.get_variable("softmax_b", [vocab], initializer=tf.compat.v1.zeros_initializer())
-        # tf.nn (v2) sampled softmax uses the "div" layout, matching how partitioned variables split rows.
+        # compat.v1 lookups read sharded tables "mod" (row i on shard i % P): a Zipf vocabulary's hot
+        # rows then spread over every shard; "div" (tf.nn v2) would put them all on shard 0.
         # The sampler seed depends on the rank only, so every strategy draws the same negatives.
-        losses = tf.nn.sampled_softmax_loss(
+        losses = tf.compat.v1.nn.sampled_softmax_loss(
             weights=softmax_w, biases=softmax_b, labels=tf.reshape(labels, [-1, 1]),
             inputs=tf.reshape(outputs, [-1, hidden]), num_sampled=num_sampled, num_classes=vocab,
             seed=1 + ctx.rank)

@@ -94,7 +94,9 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
                 model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
             train = optimizer.minimize(model.loss, global_step=global_step)
         hooks = [optimizer.make_session_run_hook(ctx.rank == 0)]
-    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"])
+    # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
+    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
+                                      operation_timeout_in_ms=120_000)
 
     def open_session():
         with graph.as_default():

@@ -18,24 +18,28 @@ from absl import app, flags
 
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps and the other run flags)
 from tools import cluster
+from tools import shared  # noqa: F401  (--model, --warmup)
 
-flags.DEFINE_string("model", "lm", "lm | cnn | mlp")
 flags.DEFINE_list("strategies", ["hybrid", "horovod", "horovod_dense", "tf_ps"], "What to compare.")
-flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 flags.DEFINE_string("json", None, "Write the results here (and a PNG beside it).")
+flags.DEFINE_integer("job_timeout_s", 600, "A strategy still running after this long is stopped and "
+                     "reported as failed.")
 FLAGS = flags.FLAGS
 BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps")
 
 
 def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str, delay: str,
-                 model: str, steps: int, warmup: int) -> dict:
+                 model: str, steps: int, warmup: int, timeout_s: int = 600) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
            f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"]
     if strategy == "single":
-        status = subprocess.run(job).returncode
+        try:
+            status = subprocess.run(job, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            status = 124
     else:
-        status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay)
+        status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay, timeout_s=timeout_s)
     if status != 0:
         return {"error": f"exit status {status}"}
     ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
@@ -108,7 +112,8 @@ def main(argv):
     for strategy in FLAGS.strategies:
         print(f"bench: {strategy} ...", file=sys.stderr, flush=True)
         results[strategy] = run_strategy(strategy, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth,
-                                         FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup)
+                                         FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup,
+                                         FLAGS.job_timeout_s)
     print(table(results))
     if FLAGS.json:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)

@@ -8,17 +8,11 @@ from absl import app, flags
 
 import parallax_tf as ptf
 from tools import baselines
+from tools.shared import model_and_input
 
-flags.DEFINE_string("model", "lm", "lm | cnn | mlp")  # shared by tools.bench and tools.simulate
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
-flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")
 FLAGS = flags.FLAGS
-
-
-def model_and_input(name):
-    module = __import__(f"models.{name}", fromlist=["make_model_fn"])
-    return module.make_model_fn(), module.make_input_fn()
 
 
 def main(argv):

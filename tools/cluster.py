@@ -25,9 +25,10 @@ FLAGS = flags.FLAGS
 
 
 def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str = "100mbit",
-        delay: str = "1ms", env: Optional[dict] = None, on_ready=None) -> int:
+        delay: str = "1ms", env: Optional[dict] = None, on_ready=None, timeout_s: float = 0) -> int:
     """Runs `command` on hosts x ranks_per_host ranks; returns the job's exit status.
-    `on_ready()` is called once the network exists, before any rank starts."""
+    `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
+    ranks still running after that long are stopped and the job fails."""
     from parallax_tf.runtime import bind
     env = bind.preload_env(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
     if not netns.have_root():
@@ -36,8 +37,12 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
               file=sys.stderr, flush=True)
         import subprocess
         n = hosts * ranks_per_host
-        return subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", str(n),
-                               "-H", f"localhost:{n}", "--gloo", *command], env=env).returncode
+        try:
+            return subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", str(n), "-H",
+                                   f"localhost:{n}", "--gloo", *command], env=env, timeout=timeout_s or None).returncode
+        except subprocess.TimeoutExpired:
+            print(f"tools.cluster: the job ran past {timeout_s}s; stopped", file=sys.stderr, flush=True)
+            return 124
     topo = netns.Topology(hosts, bandwidth, delay)
     try:
         netns.setup(topo)
@@ -51,18 +56,25 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
         emulated = dict(env, PARALLAX_LINK_IFACE="eth0", PARALLAX_LINK_BANDWIDTH=bandwidth,
                         PARALLAX_LINK_DELAY=delay if topo.delay_applied else "0ms",
                         PARALLAX_CORES=str(os.cpu_count() or 1))
-        return _launch(command, hosts, ranks_per_host, emulated)
+        return _launch(command, hosts, ranks_per_host, emulated, timeout_s)
     finally:
         netns.teardown()
 
 
-def _launch(command, hosts, ranks_per_host, env) -> int:
+def _launch(command, hosts, ranks_per_host, env, timeout_s: float = 0) -> int:
     from horovod.runner import gloo_run
     from horovod.runner.common.util import safe_shell_exec
     spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
     settings = types.SimpleNamespace(hosts=spec, num_proc=hosts * ranks_per_host, verbose=0,
                                      output_filename=None, elastic=False, prefix_output_with_timestamp=False)
     failed = threading.Event()
+    if timeout_s:
+        def expire():
+            print(f"tools.cluster: the job ran past {timeout_s}s; stopping every rank", file=sys.stderr, flush=True)
+            failed.set()
+        timer = threading.Timer(timeout_s, expire)
+        timer.daemon = True
+        timer.start()
 
     def exec_in_namespace(cmd, slot_info, events):
         host = int(slot_info.hostname[1:])

@@ -14,7 +14,7 @@ from parallax_tf.costmodel import Choice
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
-from tools.bench_job import model_and_input
+from tools.shared import model_and_input
 
 flags.DEFINE_list("sim_hosts", ["4", "8", "16", "32", "48", "64"], "Cluster sizes to predict.")
 flags.DEFINE_integer("sim_ranks_per_host", 1, "Ranks per host.")

@@ -1,0 +1,71 @@
+"""Checks the cost model against the emulated cluster: predicted vs measured step time.
+
+    python -m tools.validate --model lm --val_hosts 2,4,8 --val_bandwidths 100mbit,1gbit
+
+The compute term is measured once: a plain single-process TF step of the model (forward,
+backward and update). Routes and shard counts come from the same plan the real run uses."""
+from __future__ import annotations
+
+import json
+
+from absl import app, flags
+
+from parallax_tf import costmodel
+from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --seed, ...)
+from parallax_tf.costmodel import Choice
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import RunContext
+from parallax_tf.planner import make_plan
+from tools import bench
+from tools.shared import model_and_input
+
+flags.DEFINE_list("val_hosts", ["2", "4", "8"], "Cluster sizes to measure.")
+flags.DEFINE_list("val_bandwidths", ["100mbit", "1gbit"], "Link rates to measure.")
+flags.DEFINE_list("val_strategies", ["hybrid"], "Strategies to validate.")
+flags.DEFINE_string("val_json", None, "Write the cases here.")
+FLAGS = flags.FLAGS
+
+
+def plan_choices(captured, strategy: str, hosts: int) -> dict:
+    plan = make_plan(captured, strategy if strategy != "auto" else "hybrid", hosts, hosts)
+    return {v.name: Choice(v.route, max(1, v.partitions)) for v in plan.variables}
+
+
+def main(argv):
+    model_fn, input_fn = model_and_input(FLAGS.model)
+    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
+    loads = costmodel.loads_from(captured)
+    single = bench.run_strategy("single", 1, 1, "", "", FLAGS.model, FLAGS.steps, FLAGS.warmup)
+    compute = single["step_s"]
+    import os
+    cores = os.cpu_count() or 1
+    print(f"{FLAGS.model}: measured single-process step {compute * 1000:.1f}ms; {cores} cores shared by all ranks")
+    cases = []
+    for bandwidth in FLAGS.val_bandwidths:
+        for hosts in [int(h) for h in FLAGS.val_hosts]:
+            cluster = costmodel.Cluster(hosts, 1, costmodel.parse_rate(bandwidth), 0.0, cores=cores)
+            for strategy in FLAGS.val_strategies:
+                predicted = costmodel.predict(loads, plan_choices(captured, strategy, hosts), cluster, compute)
+                measured = bench.run_strategy(strategy, hosts, 1, bandwidth, "0ms", FLAGS.model, FLAGS.steps,
+                                              FLAGS.warmup)
+                if "error" in measured:
+                    print(f"{strategy} {hosts} hosts {bandwidth}: {measured['error']}")
+                    continue
+                error = (predicted.step_s - measured["step_s"]) / measured["step_s"]
+                case = {"strategy": strategy, "hosts": hosts, "bandwidth": bandwidth,
+                        "predicted_ms": predicted.step_s * 1000, "measured_ms": measured["step_s"] * 1000,
+                        "error": error, "compute_ms": predicted.compute_s * 1000,
+                        "network_ms": predicted.network_s * 1000, "latency_ms": predicted.latency_s * 1000,
+                        "server_ms": predicted.server_s * 1000}
+                cases.append(case)
+                print(f"{strategy:>8} {hosts:>2} hosts {bandwidth:>7}: predicted {case['predicted_ms']:7.1f}ms "
+                      f"(compute {case['compute_ms']:.1f} + network {case['network_ms']:.1f} + latency "
+                      f"{case['latency_ms']:.1f} + servers {case['server_ms']:.1f}), measured "
+                      f"{case['measured_ms']:7.1f}ms, error {error * 100:+.0f}%", flush=True)
+    if FLAGS.val_json:
+        with open(FLAGS.val_json, "w") as f:
+            json.dump({"compute_ms": compute * 1000, "cores": cores, "cases": cases}, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
