@@ -84,10 +84,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         link_before = session.link_counters() if topo.local_rank == 0 else None
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
                                       hooks, tracer, guard)
-        wall = time.perf_counter() - began
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
             sess.run(dgraph.barrier)
@@ -111,6 +111,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
                     bytes_per_step=stats.mean_bytes(), step_times=stats.times,
                     examples_per_step=stats.examples // max(1, len(stats.times)),
+                    cpu_s_per_step=cpu / max(1, len(stats.times)),
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
                     checkpoint=checkpointer.last_path if checkpointer else None)

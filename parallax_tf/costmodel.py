@@ -32,6 +32,12 @@ class Cluster:
     message_overhead_s: float = 150e-6   # what a server spends per RPC it handles
     rpc_overhead_s: float = 1e-3         # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
+    # CPU one rank spends per step besides its compute: TF's executor and session, Horovod; and
+    # per PS task its graph runs a partition on. Measured on 8 emulated hosts sharing 2 cores
+    # (lm, 1, 2 and 8 shards per table: 125, 154, 243ms per step); they bind only when more
+    # ranks than cores share the machine.
+    runtime_cpu_s: float = 0.020
+    task_cpu_s: float = 0.0036
 
     @property
     def ranks(self) -> int:
@@ -62,10 +68,11 @@ class Prediction:
     network_s: float
     latency_s: float
     server_s: float
+    cpu_bound_s: float = 0.0      # when ranks share too few cores: their CPU work / the cores
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.network_s + self.latency_s + self.server_s
+        return max(self.compute_s + self.network_s + self.latency_s + self.server_s, self.cpu_bound_s)
 
 
 def parse_rate(rate: str) -> float:
@@ -134,9 +141,28 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 2 * (N - 1) * hop               # one fused ring AllReduce
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
-    stretch = max(1.0, N / cluster.cores) if cluster.cores else 1.0
-    return Prediction(compute_s=compute_s * stretch, network_s=network, latency_s=latency,
-                      server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0)
+    cpu_bound = 0.0
+    if cluster.cores and N > cluster.cores:
+        per_rank = compute_s + cluster.runtime_cpu_s + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster)
+        cpu_bound = N * per_rank / cluster.cores
+    return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
+                      server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
+                      cpu_bound_s=cpu_bound)
+
+
+def _ps_tasks(loads, choices, cluster) -> int:
+    """PS tasks a rank's graph runs on each step: servers holding shards (round robin per
+    variable from the least loaded), plus the global step's, as the planner places them."""
+    load_by_server, used = [0] * cluster.hosts, set()
+    for load in sorted(loads, key=lambda l: -l.bytes):
+        choice = choices[load.name]
+        if choice.route != ROUTE_PS or load.gradient == "none":
+            continue
+        for _ in range(max(1, choice.partitions)):
+            server = min(range(cluster.hosts), key=lambda s: (load_by_server[s], s))
+            load_by_server[server] += load.bytes // max(1, choice.partitions)
+            used.add(server)
+    return len(used | {0}) if used else 0
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:

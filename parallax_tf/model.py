@@ -38,4 +38,5 @@ class Result:
     bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)   # this rank, per route
     lower_bound_bytes_per_step: float = 0.0   # the least this rank's share of the plan must move
     step_times: List[float] = dataclasses.field(default_factory=list)
+    cpu_s_per_step: float = 0.0       # this process's CPU time (all threads, servers included)
     link_bytes: Optional[Dict[str, int]] = None   # this host's link tx/rx over the training loop

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import call_model_fn, logical_name
 from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_PS, Plan
@@ -114,7 +115,6 @@ def rebuild(request: BuildRequest) -> Rebuilt:
 
     tf.compat.v1.set_random_seed(request.seed)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(graph.container(request.container))
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
         stack.enter_context(tf.variable_creator_scope(resource_creator))
@@ -123,7 +123,7 @@ def rebuild(request: BuildRequest) -> Rebuilt:
     missing = set(plan.by_name()) - set(parts)
     extra = set(parts) - set(plan.by_name())
     if missing or extra:
-        raise RuntimeError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
+        raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                            f"new {sorted(extra)}); model_fn must build the same graph every call")
     sparse_on_ps = {v.name for v in plan.on_route(ROUTE_PS) if v.gradient == "sparse"}
     with tf.device(topo.worker_device):

@@ -54,7 +54,9 @@ def summarise(ranks) -> dict:
     wire = sum(l["tx"] for l in links) / len(ranks) if links else None
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
+    cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
     return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
+            "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "bytes_per_step": wire,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}

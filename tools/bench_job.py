@@ -25,12 +25,13 @@ def main(argv):
     else:
         result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0)
         figures = {"step_times": result.step_times, "link_bytes": result.link_bytes,
-                   "examples_per_step": result.examples_per_step}
+                   "examples_per_step": result.examples_per_step, "cpu_s_per_step": result.cpu_s_per_step}
         reported = float(sum(result.bytes_per_step.values()))
         lower = result.lower_bound_bytes_per_step
     times = figures["step_times"][FLAGS.warmup:]
     link = figures["link_bytes"]
     record = {"rank": rank, "step_s": float(np.median(times)), "examples_per_step": figures["examples_per_step"],
+              "cpu_s_per_step": figures.get("cpu_s_per_step"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps
               "link_bytes_per_step": {k: v / total for k, v in link.items()} if link else None}
