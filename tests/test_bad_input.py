@@ -74,7 +74,7 @@ def test_no_input_fn_but_placeholders():
 
 
 def test_unknown_strategy():
-    with pytest.raises(ptf.ConfigError, match="unknown strategy 'bogus'; choose one of hybrid, ps, allreduce"):
+    with pytest.raises(ptf.ConfigError, match="unknown strategy 'bogus'; choose one of hybrid, ps, allreduce, auto"):
         _run_plan_only(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), strategy="bogus")
 
 
@@ -97,7 +97,7 @@ def test_missing_placeholder_on_two_ranks_exits_nonzero_with_message():
 def test_unknown_strategy_flag_is_rejected_by_absl():
     proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--strategy=bogus"], launcher="python", timeout=120)
     assert proc.returncode != 0
-    assert "--strategy=bogus: value should be one of <hybrid|ps|allreduce>" in proc.stderr
+    assert "--strategy=bogus: value should be one of <hybrid|ps|allreduce|auto>" in proc.stderr
 
 
 def test_busy_port_moves_to_next_free_one():
