@@ -12,10 +12,10 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf import flags as ptf_flags
-from parallax_tf.inspect_graph import capture
-from parallax_tf.model import Result, RunContext
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_PS, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
@@ -46,7 +46,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
-                                    "drop --np under horovodrun/mpirun")
+                          "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief,
                        time_compute=opts.strategy == "auto")
