@@ -86,7 +86,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         link_before = session.link_counters() if topo.local_rank == 0 else None
         began, cpu_began = time.perf_counter(), time.process_time()
         losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
-                                      hooks, tracer, guard)
+                                      hooks, tracer, guard, opts.timeout_s * 1000)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):

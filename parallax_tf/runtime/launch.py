@@ -18,6 +18,9 @@ def launch_local(num_ranks: int, start_timeout_s: int) -> int:
                sys.executable, *argv]
     env = bind.preload_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
+    # The ranks run in their own session: a SIGTERM to this process must reach them too, or
+    # they outlive it. horovodrun stops its ranks on SIGTERM; its exit status is returned.
+    previous = signal.signal(signal.SIGTERM, lambda *_: os.killpg(proc.pid, signal.SIGTERM))
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -27,3 +30,5 @@ def launch_local(num_ranks: int, start_timeout_s: int) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

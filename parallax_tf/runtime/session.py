@@ -43,10 +43,12 @@ def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[C
                    "rank has probably died or stalled") from None
     except tf.errors.UnavailableError as err:
         raise fail(f"a server became unreachable ({_first_line(err)})") from None
-    except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError,
-            tf.errors.FailedPreconditionError) as err:
+    except tf.errors.OpError as err:
         if "orovod" in err.message or "gloo" in err.message.lower():
             raise fail(f"Horovod stopped ({_first_line(err)})") from None
+        # any other failure while a peer no longer answers is that peer's loss
+        if lost and "no rank found unreachable" not in lost():
+            raise fail(f"{type(err).__name__} ({_first_line(err)})") from None
         raise
 
 
@@ -70,7 +72,7 @@ class Diverged(ParallaxError):
 
 
 def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, start: int, steps: int,
-          hooks, tracer, guard):
+          hooks, tracer, guard, timeout_ms: int = 0):
     """Runs steps [start, steps); returns this rank's losses and the step statistics."""
     losses: List[float] = []
     stats = StepStats()
@@ -81,6 +83,10 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             ctx.step = step
             feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
             options, metadata = tracer.options(step)
+            # A whole step has a deadline too: a Horovod collective that never completes is not
+            # covered by the session's operation timeout.
+            options = options or tf.compat.v1.RunOptions()
+            options.timeout_in_ms = timeout_ms
             begin = time.perf_counter()
             with guard(f"step {step}"):
                 out = sess.run(fetches, feeds, options=options, run_metadata=metadata)

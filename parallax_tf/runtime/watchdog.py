@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Dict
 
 LOST_RANK_EXIT = 75
@@ -73,8 +74,15 @@ class Watchdog:
         return gone
 
     def lost(self) -> str:
-        """The peers that no longer answer, as 'rank 2 (host:port)', for error messages."""
+        """The peers that no longer answer, as 'rank 2 (host:port)', for error messages. A peer
+        killed a moment ago may still accept connections briefly, so look again before saying
+        none is gone."""
         gone = self._unreachable()
+        for _ in range(4):
+            if gone:
+                break
+            time.sleep(0.5)
+            gone = self._unreachable()
         return ", ".join(f"rank {r} ({a})" for r, a in sorted(gone.items())) or "no rank found unreachable"
 
     def _die(self, why: str, code: int) -> None:
