@@ -66,7 +66,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
-        request = BuildRequest(model_fn, ctx, plan, topo, run_id, opts.seed)
+        request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
         dgraph = REWRITERS[opts.strategy](request)
         state_io = StateIO(collect_state(dgraph, {v.name: v.layout for v in plan.variables}))
     graph.finalize()

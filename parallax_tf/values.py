@@ -40,7 +40,8 @@ def merge(pieces: List[np.ndarray], layout: str) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class Piece:
+class Part:
+    """One TF variable of a distributed graph holding rows [row_start, row_end) of a whole value."""
     variable: object
     row_start: int
     row_end: int
@@ -49,8 +50,8 @@ class Piece:
 @dataclasses.dataclass
 class Entry:
     """One checkpoint key: one or more copies (e.g. Adam's beta powers kept by two optimizers),
-    each a list of pieces that together make the whole value."""
-    copies: List[List[Piece]]
+    each a list of parts that together make the whole value."""
+    copies: List[List[Part]]
     layout: str = "div"
 
 
@@ -59,8 +60,7 @@ def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
     entries: Dict[str, Entry] = {}
     owner = {}
     for name, parts in dgraph.parts.items():
-        entries[name] = Entry([[Piece(p.variable, p.row_start, p.row_end) for p in parts]],
-                              layouts.get(name, "div"))
+        entries[name] = Entry([list(parts)], layouts.get(name, "div"))
         for p in parts:
             owner[p.variable.name] = (name, p)
     for optimizer, variables in dgraph.optimizers:
@@ -72,13 +72,13 @@ def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
                     continue
                 suffix = slot.op.name[len(var.op.name) + 1:]   # "Adagrad", "Adam_1", ...
                 entry = entries.setdefault(f"{name}/{suffix}", Entry([[]], layouts.get(name, "div")))
-                entry.copies[0].append(Piece(slot, part.row_start, part.row_end))
+                entry.copies[0].append(Part(slot, part.row_start, part.row_end))
                 entry.copies[0].sort(key=lambda piece: piece.row_start)
         for var in optimizer._non_slot_dict.values():   # beta powers: no public accessor in v1
             # a second optimizer's "beta1_power_1" is a copy of the single-device "beta1_power"
             key = re.sub(r"_\d+$", "", var.op.name)
-            entries.setdefault(key, Entry([])).copies.append([Piece(var, 0, 1)])
-    entries[GLOBAL_STEP_KEY] = Entry([[Piece(dgraph.global_step_var, 0, 1)]])
+            entries.setdefault(key, Entry([])).copies.append([Part(var, 0, 1)])
+    entries[GLOBAL_STEP_KEY] = Entry([[Part(dgraph.global_step_var, 0, 1)]])
     return entries
 
 

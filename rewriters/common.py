@@ -12,6 +12,7 @@ from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import call_model_fn, logical_name
 from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_PS, Plan
+from parallax_tf.values import Part
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 
@@ -50,16 +51,7 @@ class BuildRequest:
     ctx: RunContext
     plan: Plan
     topology: Topology
-    container: str             # per-run resource container, so runs in one process never mix
     seed: int
-
-
-@dataclasses.dataclass
-class Part:
-    """One TF variable of the distributed graph holding rows of a logical variable."""
-    variable: object
-    row_start: int
-    row_end: int
 
 
 @dataclasses.dataclass

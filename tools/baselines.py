@@ -42,7 +42,7 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps):
         begin = time.perf_counter()
         sess_run(feeds)
         times.append(time.perf_counter() - begin)
-        examples = session_lib._batch_size(feeds) * ctx.size
+        examples = session_lib.batch_size(feeds) * ctx.size
     link_after = session_lib.link_counters() if link_before else None
     if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
         import horovod.tensorflow as hvd

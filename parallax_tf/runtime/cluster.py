@@ -45,7 +45,7 @@ class Cluster:
 _CLUSTER: Optional[Cluster] = None
 
 
-def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps: bool = True) -> Cluster:
+def start_cluster(bind_address: Optional[str], base_port: Optional[int]) -> Cluster:
     """Starts this rank's servers once per process; later runs in the process reuse them."""
     global _CLUSTER
     if _CLUSTER is not None:
@@ -62,16 +62,14 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], with_ps
             hosts.append(peer["host"])
     if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
         address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
-    want = 2 if (with_ps and hvd.local_rank() == 0) else 1
+    want = 2 if hvd.local_rank() == 0 else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
     bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "ps": f"{address}:{ports[1]}" if want == 2 else None}
     everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
     spec = {"worker": [p["worker"] for p in everyone]}
-    ps = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts] if with_ps else []
-    if ps:
-        spec["ps"] = ps
+    spec["ps"] = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts]
     topology = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                         local_size=hvd.local_size(), host=hosts.index(host_name),
                         ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts])

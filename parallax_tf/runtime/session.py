@@ -90,7 +90,7 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             begin = time.perf_counter()
             with guard(f"step {step}"):
                 out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
-            stats.add(time.perf_counter() - begin, out["bytes"], _batch_size(feeds) * ctx.size,
+            stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,
                       out["lower_bound"])
             tracer.record(step, metadata)
             losses.append(float(out["loss"]))
@@ -119,7 +119,8 @@ def link_counters() -> Optional[dict]:
     return {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
 
 
-def _batch_size(feeds) -> int:
+def batch_size(feeds) -> int:
+    """Examples in a feed dict: the first dimension of its first batched value."""
     for value in feeds.values():
         shape = np.shape(value)
         if shape:
