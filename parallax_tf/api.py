@@ -16,7 +16,7 @@ from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
-from parallax_tf.plan import Plan, ROUTE_PS, human_bytes
+from parallax_tf.plan import Plan, ROUTE_LOCAL, ROUTE_PS, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, session
@@ -68,12 +68,15 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
         dgraph = REWRITERS[opts.strategy](request)
-        state_io = StateIO(collect_state(dgraph, {v.name: v.layout for v in plan.variables}))
+        state_io = StateIO(collect_state(dgraph, {v.name: v.layout for v in plan.variables}),
+                           averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
+                           num_ranks=topo.size)
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, bool(plan.on_route(ROUTE_PS)))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
+    results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
     watchdog = Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"]))).start() if topo.size > 1 else None
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
@@ -91,7 +94,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
             sess.run(dgraph.barrier)
-            variables = state_io.read(sess, keys=list(dgraph.parts))
+            variables = state_io.read(sess, keys=results)
             global_step = int(sess.run(dgraph.global_step))
             if watchdog:            # peers may leave once the barrier below lets them
                 watchdog.stop()
@@ -109,7 +112,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             tf.compat.v1.Session.reset(cluster.target, [run_id])
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
-                    bytes_per_step=stats.mean_bytes(), step_times=stats.times,
+                    bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
+                    step_times=stats.times,
                     examples_per_step=stats.examples // max(1, len(stats.times)),
                     cpu_s_per_step=cpu / max(1, len(stats.times)),
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
@@ -134,14 +138,17 @@ def _start_values(store, captured, state_io):
 
 
 def _hooks(opts, topo, store, state_io, sess):
-    if not topo.is_chief:
-        return [], None
+    """Rank 0 watches and writes; every rank takes part in checkpoints when reading the state
+    is collective (state averaged over ranks)."""
     hooks, checkpointer = [], None
+    if store is not None and (topo.is_chief or state_io.collective):
+        checkpointer = Checkpointer(store if topo.is_chief else None, lambda: state_io.read(sess),
+                                    opts.ckpt_every, opts.ckpt_secs)
+        hooks.append(checkpointer)
+    if not topo.is_chief:
+        return hooks, checkpointer
     if opts.log_every:
         hooks.append(Progress(opts.steps, opts.log_every))
-    if store is not None:
-        checkpointer = Checkpointer(store, lambda: state_io.read(sess), opts.ckpt_every, opts.ckpt_secs)
-        hooks.append(checkpointer)
     if opts.logdir:
         hooks.append(Summaries(opts.logdir))
     return hooks, checkpointer
@@ -189,9 +196,9 @@ def _bound_horovod_stalls(timeout_s: int) -> None:
 
 
 def _print_summary(result: Result) -> None:
-    moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(result.bytes_per_step.items()) if b)
+    moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(result.cluster_bytes_per_step.items()) if b)
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
     steps = result.global_step - result.start_step
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
-          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step/rank: "
+          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step (all ranks): "
           f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}", flush=True)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf import training_graph
 from parallax_tf.errors import InputError, ModelError
-from parallax_tf.model import Model, RunContext
+from parallax_tf.model import RunContext
+from parallax_tf.training_graph import call_model_fn  # noqa: F401  (re-exported for callers)
 
 _CONV_OPS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv1D"}
 _MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}
@@ -51,38 +52,25 @@ class VariableInfo:
 
 
 @dataclasses.dataclass
+class StateInfo:
+    """A non-trainable variable of the model (batch-norm statistics, an EMA, a counter)."""
+    name: str
+    shape: List[int]
+    dtype: str
+    bytes: int
+    per_rank: bool     # its updates read this rank's batch: combined over ranks (mean) when read
+    layer: str
+
+
+@dataclasses.dataclass
 class Capture:
     variables: List[VariableInfo]
-    initial_values: Dict[str, np.ndarray]   # logical name -> whole value
+    initial_values: Dict[str, np.ndarray]   # logical name -> whole value (model variables and state)
     placeholders: List[str]                 # placeholder names the loss needs fed
     optimizer_name: str
     compute_s: Optional[float] = None       # one single-device forward+backward, when timed
-
-
-def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
-    """Calls model_fn() or model_fn(ctx) and checks what it returned."""
-    try:
-        takes_ctx = len(inspect.signature(model_fn).parameters) >= 1
-    except (TypeError, ValueError):
-        takes_ctx = False
-    model = model_fn(ctx) if takes_ctx else model_fn()
-    if not isinstance(model, Model):
-        raise ModelError(f"model_fn returned {type(model).__name__}; return "
-                         "parallax_tf.Model(loss=<scalar tensor>, optimizer=<tf.compat.v1.train optimizer>)")
-    if model.loss is None:
-        raise ModelError("model_fn returned no loss: pass Model(loss=<scalar tensor>, ...)")
-    if model.optimizer is None:
-        raise ModelError("model_fn returned no optimizer: pass Model(..., optimizer="
-                         "tf.compat.v1.train.GradientDescentOptimizer(0.1)) or another v1 optimizer")
-    if not isinstance(model.optimizer, tf.compat.v1.train.Optimizer):
-        raise ModelError(f"optimizer is a {type(model.optimizer).__name__}; parallax_tf needs a "
-                         "tf.compat.v1.train optimizer (GradientDescent, Momentum, Adagrad, Adam, ...)")
-    if not isinstance(model.loss, tf.Tensor):
-        raise ModelError(f"loss is a {type(model.loss).__name__}, not a tensor of the graph model_fn built")
-    if model.loss.shape.rank != 0:
-        raise ModelError(f"loss {model.loss.name} has shape {model.loss.shape}; it must be a scalar "
-                         "(reduce it, e.g. tf.reduce_mean over the batch)")
-    return model
+    state: List[StateInfo] = dataclasses.field(default_factory=list)
+    global_step: Optional[str] = None       # the model's own global step, when its train op advances one
 
 
 def logical_name(variable) -> str:
@@ -109,29 +97,41 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
         with record_get_variable(from_get_variable):
-            model = call_model_fn(model_fn, ctx)
+            training = training_graph.build(model_fn, ctx)
         trainable = tf.compat.v1.trainable_variables()
         if not trainable:
             raise ModelError("model_fn created no trainable variables: there is nothing to train")
-        _check_no_outside_writes(graph, trainable)
-        placeholders = _needed_placeholders(model.loss)
-        grads = tf.gradients(model.loss, trainable)
+        _check_no_outside_writes(graph, trainable, training.created_by_optimizers())
+        placeholders = _needed_placeholders(training.train_op, training.loss)
+        raw = training.raw_gradients()
+        applied = training.applied()
         groups: Dict[str, list] = {}
-        for var, grad in zip(trainable, grads):
+        for var in trainable:
+            grad = raw[var.op.name][0] if var.op.name in applied else None
             groups.setdefault(logical_name(var), []).append((var, grad))
+        state_vars = _state_variables(training, trainable)
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
         values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
                   for name, pairs in groups.items()}
+        state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
         rows: Dict[str, tuple] = {}
         compute_s = None
         if evaluate:
             with tf.compat.v1.Session(graph=graph) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(),
                           tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()])
-                values = sess.run({name: [v for v, _ in pairs] for name, pairs in groups.items()})
-                rows = _rows_touched(sess, groups, feeds)
+                values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
+                                                 state_vars))
+                rows = _rows_touched(sess, groups, feeds, training_graph.ancestors(training.loss.op))
                 if time_compute:
-                    compute_s = _time_step(sess, [g for g in grads if g is not None], feeds)
+                    compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
+                                           feeds)
+        state_info = [StateInfo(name=name, shape=list(var.shape), dtype=var.dtype.base_dtype.name,
+                                bytes=int(np.asarray(state_values[name]).nbytes),
+                                per_rank=_reads_the_batch(var, training.train_op),
+                                layer=_state_layer(var, training))
+                      for name, var in state_vars.items()]
+        forward = training_graph.ancestors(training.loss.op)
     infos, initial = [], {}
     for name, pairs in groups.items():
         parts = [v for v, _ in pairs]
@@ -141,12 +141,51 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         gradient = "none" if kinds == {"none"} else ("sparse" if kinds == {"sparse"} else "dense")
         infos.append(VariableInfo(
             name=name, shape=list(whole.shape), dtype=parts[0].dtype.base_dtype.name,
-            bytes=int(whole.nbytes), gradient=gradient, layer=_layer_kind(parts, gradient),
+            bytes=int(whole.nbytes), gradient=gradient,
+            layer=_layer_kind(parts, gradient, training.keras_layers, forward),
             rows_touched=rows.get(name, (None, None))[0], gathered_bytes=rows.get(name, (None, None))[1],
             user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
             from_get_variable=name in from_get_variable))
-    return Capture(infos, initial, placeholders, type(model.optimizer).__name__, compute_s)
+    initial.update({name: np.asarray(value) for name, value in state_values.items()})
+    optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
+    return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
+                   training.global_step.op.name if training.global_step is not None else None)
+
+
+def _state_variables(training, trainable) -> Dict[str, tf.Variable]:
+    """Non-trainable variables the model made (not the optimizers' slots and accumulators, not the
+    global step), by single-device name."""
+    skip = {v.op.name for v in trainable} | training.created_by_optimizers()
+    if training.global_step is not None:
+        skip.add(training.global_step.op.name)
+    out = {}
+    for var in tf.compat.v1.global_variables():
+        if var.op.name not in skip:
+            out[logical_name(var)] = var
+    return out
+
+
+_INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
+
+
+def _reads_the_batch(var, train_op) -> bool:
+    """Whether the train op updates `var` from this rank's data (then ranks' copies differ)."""
+    target = training_graph.storage(var).name
+    needed = training_graph.ancestors(train_op)
+    for op in needed:
+        if op.type in _WRITE_OPS and op.inputs and op.inputs[0].name == target:
+            if any(a.type in _INPUT_OPS for a in training_graph.ancestors(op)):
+                return True
+    return False
+
+
+def _state_layer(var, training) -> str:
+    keras = training.keras_layers.get(var.op.name)
+    if keras in KERAS_LAYER_KINDS:
+        return KERAS_LAYER_KINDS[keras]
+    types = {op.type for op in _consumers(var)}
+    return "norm" if types & _NORM_OPS else "state"
 
 
 def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dict:
@@ -173,8 +212,8 @@ def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dic
     return feeds
 
 
-def _needed_placeholders(loss) -> List[str]:
-    seen, stack, found = set(), [loss.op], []
+def _needed_placeholders(*targets) -> List[str]:
+    seen, stack, found = set(), [t if isinstance(t, tf.Operation) else t.op for t in targets], []
     while stack:
         op = stack.pop()
         if op in seen:
@@ -187,17 +226,14 @@ def _needed_placeholders(loss) -> List[str]:
     return sorted(found)
 
 
-def _storage(variable) -> tf.Tensor:
-    """The tensor ops use to reach a variable: its resource handle, or a ref variable's ref."""
-    handle = getattr(variable, "handle", None)
-    return handle if handle is not None and handle.dtype == tf.resource else variable.op.outputs[0]
+_storage = training_graph.storage
 
 
-def _check_no_outside_writes(graph, trainable) -> None:
+def _check_no_outside_writes(graph, trainable, optimizer_ops: set) -> None:
     targets = {_storage(v).name: v for v in trainable}
     initializers = {v.initializer.name for v in trainable}
     for op in graph.get_operations():
-        if op.type in _WRITE_OPS and op.name not in initializers and op.inputs:
+        if op.type in _WRITE_OPS and op.name not in initializers and op.name not in optimizer_ops and op.inputs:
             var = targets.get(op.inputs[0].name)
             if var is not None:
                 raise ModelError(f"variable {logical_name(var)!r} is changed outside the optimizer by op "
@@ -211,12 +247,13 @@ def _gradient_kind(grad) -> str:
     return "sparse" if isinstance(grad, tf.IndexedSlices) else "dense"
 
 
-def _rows_touched(sess, groups, feeds) -> Dict[str, tuple]:
+def _rows_touched(sess, groups, feeds, forward: set) -> Dict[str, tuple]:
     """(distinct rows, bytes gathered) per sparse variable for one batch."""
     fetches = {}
     for name, pairs in groups.items():
         if all(isinstance(g, tf.IndexedSlices) for _, g in pairs):
-            gathers = [op.outputs[0] for v, _ in pairs for op in _consumers(v) if op.type in _GATHER_OPS]
+            gathers = [op.outputs[0] for v, _ in pairs for op in _consumers(v) if op.type in _GATHER_OPS
+                       and op in forward]
             gathered = [tf.cast(tf.size(t, out_type=tf.int64), tf.int64) * t.dtype.size for t in gathers]
             fetches[name] = (tf.add_n([tf.size(tf.unique(g.indices).y) for _, g in pairs]),
                              tf.add_n(gathered) if gathered else tf.constant(0, tf.int64))
@@ -254,19 +291,72 @@ def _consumers(variable):
     return found
 
 
-def _layer_kind(parts, gradient: str) -> str:
-    ops = [op for p in parts for op in _consumers(p)]
+KERAS_LAYER_KINDS = {
+    "Dense": "fully_connected", "EinsumDense": "fully_connected",
+    "Conv1D": "conv", "Conv2D": "conv", "Conv3D": "conv", "Conv1DTranspose": "conv", "Conv2DTranspose": "conv",
+    "Conv3DTranspose": "conv", "DepthwiseConv2D": "conv", "SeparableConv1D": "conv", "SeparableConv2D": "conv",
+    "BatchNormalization": "norm", "LayerNormalization": "norm", "GroupNormalization": "norm",
+    "Embedding": "embedding",
+    "LSTM": "recurrent", "LSTMCell": "recurrent", "GRU": "recurrent", "GRUCell": "recurrent",
+    "SimpleRNN": "recurrent", "SimpleRNNCell": "recurrent", "ConvLSTM2D": "recurrent", "ConvLSTM2DCell": "recurrent",
+}
+_COMBINING_OPS = _MATMUL_OPS | {"Mul", "Add", "AddV2", "BiasAdd"}
+_SHAPING_OPS = _PASS_THROUGH | {"Slice", "StridedSlice", "ExpandDims", "Squeeze"}
+
+
+def _layer_kind(parts, gradient: str, keras_layers: Dict[str, str], forward: set) -> str:
+    """`forward`: the ops the loss depends on (the backward pass reuses weights too)."""
+    keras = keras_layers.get(parts[0].op.name)
+    if keras in KERAS_LAYER_KINDS:
+        return KERAS_LAYER_KINDS[keras]
+    ops = [op for p in parts for op in _consumers(p) if op in forward]
     types = {op.type for op in ops}
     if types & _GATHER_OPS and gradient == "sparse":
-        return "embedding"
+        gathers = [op for op in ops if op.type in _GATHER_OPS]
+        return "softmax" if any(_feeds_output_layer(g, forward) for g in gathers) else "embedding"
     if types & _CONV_OPS:
         return "conv"
     if types & _NORM_OPS:
         return "norm"
     if types & {"While", "StatelessWhile"}:
         return "recurrent"          # captured by a while_loop body: an RNN cell
+    if _reused_in_sequence([op for op in ops if op.type in _COMBINING_OPS]):
+        return "recurrent"          # one weight applied step after step: a Python-unrolled RNN
     if types & _MATMUL_OPS:
         return "fully_connected"
     if "BiasAdd" in types or len(parts[0].shape) == 1:
         return "bias"
     return "other"
+
+
+def _reused_in_sequence(ops) -> bool:
+    """Several uses of one weight where a later use depends on an earlier one's result."""
+    if len(ops) < 2:
+        return False
+    last = max(ops, key=lambda op: op._id)
+    earlier = training_graph.ancestors(last)
+    return any(op in earlier for op in ops if op is not last)
+
+
+def _feeds_output_layer(gather, forward: set) -> bool:
+    """The gathered rows meet activations (a tensor computed through a MatMul or convolution)
+    rather than another parameter: the rows are output-layer weights (sampled softmax), not an
+    input embedding."""
+    frontier, seen = [gather.outputs[0]], set()
+    while frontier:
+        tensor = frontier.pop()
+        for op in tensor.consumers():
+            if op.name in seen or op not in forward:
+                continue
+            seen.add(op.name)
+            if op.type in _SHAPING_OPS:
+                frontier.extend(op.outputs)
+            elif op.type in _COMBINING_OPS:
+                others = [t for t in op.inputs if t is not tensor]
+                if any(_is_activation(t) for t in others):
+                    return True
+    return False
+
+
+def _is_activation(tensor) -> bool:
+    return any(op.type in _MATMUL_OPS | _CONV_OPS for op in training_graph.ancestors(tensor.op))

@@ -9,9 +9,13 @@ import numpy as np
 
 @dataclasses.dataclass
 class Model:
-    """Returned by model_fn: a scalar loss built in the default graph and a v1 optimizer."""
+    """Returned by model_fn: a scalar loss built in the default graph, and either a v1 optimizer
+    (the toolkit builds `optimizer.minimize(loss)`, with the model's state updates) or the
+    train_op the single-device script already builds (minimize, or compute_gradients -> any
+    transform -> apply_gradients, with a global step, under control_dependencies(update_ops))."""
     loss: object
-    optimizer: object
+    optimizer: object = None
+    train_op: object = None
 
 
 @dataclasses.dataclass
@@ -26,7 +30,9 @@ class RunContext:
 
 @dataclasses.dataclass
 class Result:
-    variables: Dict[str, np.ndarray]   # single-device name -> whole final value, on every rank
+    variables: Dict[str, np.ndarray]   # single-device name -> whole final value, on every rank: the
+                                       # model's variables and its state (mean over ranks where
+                                       # each rank updates it from its own batch)
     losses: List[float]                # this rank's loss per step
     plan: object = None
     global_step: int = 0
@@ -36,6 +42,7 @@ class Result:
     examples_per_s: Optional[float] = None
     examples_per_step: int = 0         # all ranks together
     bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)   # this rank, per route
+    cluster_bytes_per_step: Dict[str, float] = dataclasses.field(default_factory=dict)   # all ranks, per route
     lower_bound_bytes_per_step: float = 0.0   # the least this rank's share of the plan must move
     step_times: List[float] = dataclasses.field(default_factory=list)
     cpu_s_per_step: float = 0.0       # this process's CPU time (all threads, servers included)

@@ -5,6 +5,9 @@ only then applied by a rewriter. Routes are named so later techniques add kinds 
 changing the ones here:
   "ps"         variable sharded over parameter servers, synchronous aggregation (Parallax)
   "allreduce"  variable replicated on every rank, gradients averaged by Horovod
+  "local"      model state that is not trained (batch-norm statistics, EMAs, counters): a copy
+               on every rank, updated by the model's own ops; params["combine"] says how the
+               copies are combined when read ("mean" over ranks, or "rank0")
 Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
   "fc_node"    compute and variables on a dedicated FC node (Stanza)
   "stage"      pipeline stage with layer-wise staleness (DSP)
@@ -19,7 +22,8 @@ from typing import Dict, List, Optional
 
 ROUTE_PS = "ps"
 ROUTE_ALLREDUCE = "allreduce"
-KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, "fc_node", "stage", "async_ps", "significant")
+ROUTE_LOCAL = "local"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, "fc_node", "stage", "async_ps", "significant")
 
 
 @dataclasses.dataclass
@@ -63,12 +67,18 @@ class Plan:
     servers: List[str]              # one TF gRPC PS task per host: "host:port" once known
     local_aggregation: bool
     variables: List[VariablePlan]
+    global_step: Optional[str] = None   # the model's own global step variable, if its train op advances one
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
 
     def on_route(self, route: str) -> List[VariablePlan]:
         return [v for v in self.variables if v.route == route]
+
+    @property
+    def trained(self) -> List[VariablePlan]:
+        """The trainable variables (everything but model state)."""
+        return [v for v in self.variables if v.route != ROUTE_LOCAL]
 
     # ---- serialisation -------------------------------------------------------------------
     def to_json(self) -> str:
@@ -88,7 +98,8 @@ class Plan:
         header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
         rows = [header]
         for v in self.variables:
-            shards = str(v.partitions) if v.route == ROUTE_PS else "-"
+            shards = str(v.partitions) if v.route == ROUTE_PS else ("mean" if v.params.get("combine") == "mean"
+                                                                      and v.route == ROUTE_LOCAL else "-")
             if v.route == ROUTE_PS and v.user_partitioned:
                 shards += " (user)"
             rows.append((v.name, "x".join(map(str, v.shape)) or "scalar", f"{v.bytes / 2**20:.2f}",
@@ -99,6 +110,7 @@ class Plan:
         total = sum(v.bytes_per_step for v in self.variables)
         lines.append(f"strategy={self.strategy} ranks={self.num_ranks} hosts={self.num_hosts} "
                      f"local_aggregation={self.local_aggregation} "
+                     f"global_step={self.global_step or 'parallax_global_step'} "
                      f"est. bytes/step/rank={human_bytes(total)}")
         return "\n".join(lines)
 

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, Plan, Shard, VariablePlan
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, Plan, Shard, VariablePlan
 
 STRATEGIES = ("hybrid", "ps", "allreduce", "auto")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -37,8 +37,16 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
         entries.append(entry)
     _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
+    for state in capture.state:
+        how = ("updated from each rank's batch: each rank keeps its own, the mean over ranks is read"
+               if state.per_rank else "the same on every rank: rank 0's copy is read")
+        entries.append(VariablePlan(name=state.name, shape=state.shape, dtype=state.dtype, bytes=state.bytes,
+                                    gradient="none", layer=state.layer, route=ROUTE_LOCAL,
+                                    reason=f"model state, not trained: {how}", bytes_per_step=0,
+                                    params={"combine": "mean" if state.per_rank and state.dtype.startswith(
+                                        ("float", "bfloat", "half", "double")) else "rank0"}))
     return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
-                local_aggregation=local_aggregation, variables=entries)
+                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step)
 
 
 def _auto_choices(capture: Capture, cluster):

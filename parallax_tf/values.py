@@ -56,13 +56,16 @@ class Entry:
 
 
 def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
-    """Model variables, optimizer slots, non-slot variables and the global step of a graph."""
+    """Every variable of a distributed graph under its single-device name: model variables
+    (whole over their shards), optimizer slots (likewise), and everything else the model and its
+    optimizers keep (beta powers, batch-norm statistics, EMAs, the global step)."""
     entries: Dict[str, Entry] = {}
-    owner = {}
+    owner, covered = {}, set()
     for name, parts in dgraph.parts.items():
         entries[name] = Entry([list(parts)], layouts.get(name, "div"))
         for p in parts:
             owner[p.variable.name] = (name, p)
+            covered.add(p.variable.name)
     for optimizer, variables in dgraph.optimizers:
         for var in variables:
             name, part = owner[var.name]
@@ -74,19 +77,36 @@ def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
                 entry = entries.setdefault(f"{name}/{suffix}", Entry([[]], layouts.get(name, "div")))
                 entry.copies[0].append(Part(slot, part.row_start, part.row_end))
                 entry.copies[0].sort(key=lambda piece: piece.row_start)
-        for var in optimizer._non_slot_dict.values():   # beta powers: no public accessor in v1
-            # a second optimizer's "beta1_power_1" is a copy of the single-device "beta1_power"
-            key = re.sub(r"_\d+$", "", var.op.name)
-            entries.setdefault(key, Entry([])).copies.append([Part(var, 0, 1)])
-    entries[GLOBAL_STEP_KEY] = Entry([[Part(dgraph.global_step_var, 0, 1)]])
+                covered.add(slot.name)
+    with dgraph.graph.as_default():
+        others = [v for v in tf.compat.v1.global_variables() if v.name not in covered]
+    for var in sorted(others, key=lambda v: _offset(v)):
+        rows = int(var.shape[0]) if var.shape.rank else 1
+        entry = entries.setdefault(_logical_name(var), Entry([[]]))
+        start = entry.copies[0][-1].row_end if entry.copies[0] else 0
+        entry.copies[0].append(Part(var, start, start + rows))
     return entries
 
 
-class StateIO:
-    """Placeholders and assign ops for every piece; built while the graph is still open."""
+def _logical_name(var) -> str:
+    info = var._get_save_slice_info()
+    return info.full_name if info is not None else var.op.name
 
-    def __init__(self, entries: Dict[str, Entry]):
+
+def _offset(var) -> int:
+    info = var._get_save_slice_info()
+    return info.var_offset[0] if info is not None and info.var_offset else 0
+
+
+class StateIO:
+    """Placeholders and assign ops for every piece; built while the graph is still open.
+
+    Keys in `averaged` (state each rank updates from its own batch) read as the mean over ranks:
+    reading them is collective, so every rank must call `read` with them at the same point."""
+
+    def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1):
         self.entries = entries
+        self.averaged = {k for k in averaged if k in entries} if num_ranks > 1 else set()
         self._feed, self._assign, self._read = {}, {}, {}
         with tf.name_scope("parallax_values"):
             for entry in entries.values():
@@ -99,6 +119,13 @@ class StateIO:
                         self._feed[var.name] = placeholder
                         self._assign[var.name] = var.assign(placeholder, read_value=False)
                         self._read[var.name] = var.read_value()
+            if self.averaged:
+                import horovod.tensorflow as hvd
+                for key in sorted(self.averaged):
+                    for piece in entries[key].copies[0]:
+                        name = piece.variable.name
+                        self._read[name] = hvd.allreduce(self._read[name], op=hvd.Average,
+                                                         name="parallax_mean_" + name.replace(":", "_").replace("/", "_"))
 
     def load(self, sess, values: Dict[str, np.ndarray]) -> None:
         """Assigns whole values to every copy of the named keys (keys not given are left alone)."""
@@ -113,7 +140,12 @@ class StateIO:
         if ops:
             sess.run(ops, feeds)
 
+    @property
+    def collective(self) -> bool:
+        return bool(self.averaged)
+
     def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
+        """Whole values by key. Collective when the keys include averaged state."""
         keys = list(self.entries) if keys is None else keys
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
         raw = sess.run({name: self._read[name] for name in wanted})

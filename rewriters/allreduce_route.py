@@ -1,27 +1,24 @@
 """The AllReduce route: variables replicated on every rank, gradients averaged by Horovod
-(dense tensors fused per plan group; IndexedSlices by allgather), applied by every rank."""
+(dense tensors fused per plan group; IndexedSlices by allgather). Every rank then holds the
+global gradient and runs the model's own transform and optimizer apply on it."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from rewriters.common import BuildRequest, Rebuilt, optimizer_state, tensor_bytes
+from rewriters.common import BuildRequest, Rebuilt, tensor_bytes
 from rewriters.ps_route import lower_bound_bytes
 
 
 class AllReduceRoute:
-    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, optimizer, global_step_var):
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
-        self.optimizer, self.global_step_var = optimizer, global_step_var
-        self.replicas = [p.variable for e in entries for p in rebuilt.parts[e.name]]
-        self.local_state = []
-        self.applied = []           # variables this route's optimizer updates
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
 
-    def build(self) -> tf.Operation:
+    def build(self) -> dict:
+        """Variable op name -> the gradient averaged over ranks."""
         import horovod.tensorflow as hvd
-        topo = self.request.topology
-        size = topo.size
+        size = self.request.topology.size
         groups, sparse = {}, []
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
@@ -32,24 +29,19 @@ class AllReduceRoute:
                     sparse.append((grad, part.variable))
                 else:
                     groups.setdefault(entry.fusion_group or 0, []).append((grad, part.variable))
-        averaged, dense_bytes, gathered_bytes = [], [], []
+        averaged, dense_bytes, gathered_bytes = {}, [], []
         for group in sorted(groups):
             grads, variables = zip(*groups[group])
             reduced = hvd.grouped_allreduce(list(grads), op=hvd.Average) if size > 1 else list(grads)
-            averaged.extend(zip(reduced, variables))
+            averaged.update({v.op.name: g for g, v in zip(reduced, variables)})
             dense_bytes.extend(tensor_bytes(g) for g in grads)
         for grad, var in sparse:
-            averaged.append((hvd.allreduce(grad, op=hvd.Average) if size > 1 else grad, var))
+            averaged[var.op.name] = hvd.allreduce(grad, op=hvd.Average) if size > 1 else grad
             gathered_bytes.append(tensor_bytes(grad) * (size - 1))
         ring = 2.0 * (size - 1) / size
         self.bytes["allreduce"] = tf.cast(ring * tf.cast(_sum(dense_bytes), tf.float64), tf.int64)
         self.bytes["allgather"] = _sum(gathered_bytes)
-        if not averaged:
-            return tf.no_op()
-        apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
-        self.applied = [v for _, v in averaged]
-        self.local_state = optimizer_state(self.optimizer, self.applied)
-        return apply
+        return averaged
 
 
 def _sum(values):

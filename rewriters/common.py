@@ -8,8 +8,9 @@ from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
-from parallax_tf.inspect_graph import call_model_fn, logical_name
+from parallax_tf.inspect_graph import logical_name
 from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_PS, Plan
 from parallax_tf.values import Part
@@ -71,24 +72,38 @@ class DistributedGraph:
     global_step_var: tf.Variable = None
     # (optimizer, variables it updates in this graph): where slots and non-slot state live
     optimizers: List[tuple] = dataclasses.field(default_factory=list)
+    # One allreduce per step, summed over ranks: [loss, checkpoint requests, bytes per route...]
+    report: tf.Tensor = None
+    report_routes: List[str] = dataclasses.field(default_factory=list)
+    checkpoint_request: tf.Tensor = None        # placeholder (default 0): rank 0 asks for a checkpoint
 
 
 @dataclasses.dataclass
 class Rebuilt:
-    model: object
-    parts: Dict[str, List[Part]]
-    grads: Dict[str, list]                      # logical name -> gradient per part (or None)
+    training: object                            # training_graph.Training of this rank's graph
+    parts: Dict[str, List[Part]]                # logical name -> its pieces (trainable variables)
+    grads: Dict[str, list]                      # logical name -> this rank's own raw gradient per part
+                                                # (None where the train op does not update it)
+
+    @property
+    def loss(self):
+        return self.training.loss
 
 
 def rebuild(request: BuildRequest) -> Rebuilt:
-    """Calls model_fn in the current default graph with variables placed as the plan says:
-    PS shards on their server (TF's partitioner splits variables the plan shards), everything
-    else, ops included, on this rank's worker device."""
+    """Calls model_fn (and, for the optimizer form, minimize) in the current default graph with
+    variables placed as the plan says: PS shards and their optimizer slots on their server (TF's
+    partitioner splits variables the plan shards), the global step on PS 0 when there are PS
+    variables, everything else (model state, optimizers' other state, all ops) on this rank's
+    worker. Then takes this rank's own raw gradients for every variable the train op updates."""
     plan, topo = request.plan, request.topology
     graph = tf.compat.v1.get_default_graph()
     ps_device = {s.name: f"/job:ps/task:{s.server}" for v in plan.on_route(ROUTE_PS) for s in v.shards}
+    if plan.on_route(ROUTE_PS) and plan.global_step:
+        ps_device[plan.global_step] = "/job:ps/task:0"   # one global step, read and advanced by all
     auto_parts = {v.name: v.partitions for v in plan.on_route(ROUTE_PS)
                   if v.partitions > 1 and not v.user_partitioned}
+    slot_prefixes = tuple(f"{name}/" for name in ps_device)
 
     def place(op):
         if op.type in _VARIABLE_OPS and op.name in ps_device:
@@ -101,34 +116,61 @@ def rebuild(request: BuildRequest) -> Rebuilt:
             kwargs["partitioner"] = tf.compat.v1.fixed_size_partitioner(auto_parts[name])
         return getter(name, *args, **kwargs)
 
-    def resource_creator(next_creator, **kwargs):
+    def create_variable(next_creator, kwargs, in_apply: bool):
         kwargs["use_resource"] = True   # reads of PS variables then run on the PS (only rows move)
-        return next_creator(**kwargs)
+        name = kwargs.get("name") or ""
+        if in_apply and name.startswith(slot_prefixes):
+            return next_creator(**kwargs)     # a PS variable's slot lives next to it
+        # Optimizers colocate their other state (Adam's beta powers) with some variable, and an
+        # EMA its shadows with theirs: such state is kept on every rank instead, so no rank
+        # reads a value another rank is about to change.
+        with tf.compat.v1.colocate_with(None, ignore_existing=True):
+            return next_creator(**kwargs)
 
     tf.compat.v1.set_random_seed(request.seed)
     with contextlib.ExitStack() as stack:
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
-        stack.enter_context(tf.variable_creator_scope(resource_creator))
-        model = call_model_fn(request.model_fn, request.ctx)
+        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable)
     parts = _parts_by_logical_name(plan)
-    missing = set(plan.by_name()) - set(parts)
-    extra = set(parts) - set(plan.by_name())
+    trained = {v.name for v in plan.trained}
+    missing, extra = trained - set(parts), set(parts) - trained
     if missing or extra:
         raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
-                           f"new {sorted(extra)}); model_fn must build the same graph every call")
+                         f"new {sorted(extra)}); model_fn must build the same graph every call")
     sparse_on_ps = {v.name for v in plan.on_route(ROUTE_PS) if v.gradient == "sparse"}
     with tf.device(topo.worker_device):
-        grads = gradients(model.loss, parts, sparse_on_ps)
-    return Rebuilt(model=model, parts=parts, grads=grads)
+        grads = own_gradients(training, parts, sparse_on_ps)
+    return Rebuilt(training=training, parts=parts, grads=grads)
 
 
-def gradients(loss, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
+def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
+    """This rank's raw gradient for every part the train op updates, of the same loss the user
+    differentiated (one tf.gradients per distinct gradient call)."""
+    raw = training.raw_gradients()
+    applied = training.applied()
+    by_call: Dict[int, tuple] = {}
+    for name, pieces in parts.items():
+        for part in pieces:
+            key = part.variable.op.name
+            if key in applied:
+                call = raw[key][1]
+                by_call.setdefault(id(call), (call, {}))[1].setdefault(name, []).append(part)
+    grads = {name: [None] * len(pieces) for name, pieces in parts.items()}
+    for call, subset in by_call.values():
+        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps)
+        for name, part_grads in found.items():
+            for part, grad in zip(subset[name], part_grads):
+                grads[name][parts[name].index(part)] = grad
+    return grads
+
+
+def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
     """Gradient per part. For a sparse variable on a PS, it is built here (on the worker) from
     the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
     colocate those ops with the variable, sending every looked-up row, repeats included, to
     the server and back before the de-duplicated push."""
-    needed = ancestors(loss.op)
+    needed = set().union(*(ancestors(y.op) for y in ys))
     xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
     for name, pieces in parts.items():
         for part in pieces:
@@ -140,7 +182,7 @@ def gradients(loss, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, lis
             else:
                 recipe.append(("var", len(xs)))
                 xs.append(part.variable)
-    dys = tf.gradients(loss, xs)
+    dys = tf.gradients(ys, xs, grad_ys=grad_ys)
     flat = []
     for (kind, where), part in zip(recipe, [p for pieces in parts.values() for p in pieces]):
         if kind == "var":
@@ -163,17 +205,7 @@ def gradients(loss, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, lis
     return grads
 
 
-def ancestors(op) -> set:
-    """Every op `op` depends on (data and control)."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
-    return seen
+ancestors = training_graph.ancestors
 
 
 def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
@@ -198,29 +230,26 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
     return out
 
 
-def clone_optimizer(optimizer):
-    """A second optimizer with the same hyper-parameters and no state.
-
-    Variables updated by every rank (replicas) and by the chief alone (PS) need separate
-    non-slot state (Adam's beta powers), so each apply domain gets its own instance.
-    The v1 Optimizer keeps its state in these three dicts, filled only by apply_gradients."""
-    import copy
-    twin = copy.copy(optimizer)
-    twin._slots, twin._non_slot_dict, twin._deferred_slot_restorations = {}, {}, {}
-    return twin
-
-
-def optimizer_state(optimizer, variables) -> List[tf.Variable]:
-    """Slots and non-slot variables an optimizer created for `variables`."""
-    state = [optimizer.get_slot(v, n) for v in variables for n in optimizer.get_slot_names()]
-    return [s for s in state if s is not None] + list(optimizer._non_slot_dict.values())
-
-
 def barrier_op(name: str) -> tf.Operation:
     import horovod.tensorflow as hvd
     # The input must not be a constant: grappler would fold the allreduce on the first run and
     # every later run of the cached graph would pass without waiting for anyone.
     return hvd.allreduce(tf.random.uniform([]), op=hvd.Sum, name=name).op
+
+
+def step_report(loss, byte_counts: Dict[str, tf.Tensor], size: int):
+    """The one collective every step runs besides training: the sum over ranks of this rank's
+    loss, its checkpoint request and its bytes per route. Every rank learns the mean loss (so
+    all stop together on NaN), whether rank 0 wants a checkpoint after this step (all ranks take
+    part in reading state averaged over ranks), and the cluster's bytes per route.
+    (The loss is never constant, so grappler cannot fold the allreduce away.)"""
+    request = tf.compat.v1.placeholder_with_default(tf.constant(0.0, tf.float64), [], name="parallax_ckpt_request")
+    routes = sorted(byte_counts)
+    local = tf.stack([tf.cast(loss, tf.float64), request] + [tf.cast(byte_counts[r], tf.float64) for r in routes])
+    if size > 1:
+        import horovod.tensorflow as hvd
+        return hvd.allreduce(local, op=hvd.Sum, name="parallax_step_report"), request, routes
+    return tf.identity(local), request, routes
 
 
 def tensor_bytes(t) -> tf.Tensor:

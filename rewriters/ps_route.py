@@ -2,9 +2,10 @@
 
 Per step every rank pushes its gradient (duplicates combined) into an accumulator next to the
 variable; with local aggregation the ranks of one host first sum into an accumulator on their
-own host's server and one of them pushes that sum. Rank 0 takes the sum once all have arrived,
-applies it with the optimizer on the server, bumps the global step and hands every other rank
-a token; the others wait for their token, so nobody reads a variable before it is updated.
+own host's server and one of them pushes that sum. Rank 0 takes the sum once all have arrived;
+the model's own transform and optimizer apply run on it next to the variable, rank 0 advances
+the global step and hands every other rank a token; the others wait for their token, so nobody
+reads a variable before it is updated.
 """
 from __future__ import annotations
 
@@ -12,26 +13,25 @@ from typing import List
 
 import tensorflow as tf
 
-from rewriters.common import (BuildRequest, Rebuilt, ancestors, clone_optimizer, optimizer_state,
-                              tensor_bytes)
+from rewriters.common import BuildRequest, Rebuilt, ancestors, tensor_bytes
 
 
 class PSRoute:
-    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, optimizer, global_step_var):
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, global_step_var):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology
-        self.optimizer = clone_optimizer(optimizer)
         self.global_step_var = global_step_var
-        self.chief_init: List[tf.Operation] = []
-        self.applied = []           # variables this route's optimizer updates (rank 0 only)
+        self.pushes: List[tf.Operation] = []
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
 
-    def build(self) -> tf.Operation:
+    def exchange(self) -> dict:
+        """Pushes this rank's gradients; on rank 0 returns variable op name -> the gradient
+        averaged over ranks, taken next to the variable once every rank has pushed."""
         topo = self.topo
         local_agg = self.request.plan.local_aggregation and topo.local_size > 1
         num_required = len(self.topo.ranks_per_host) if local_agg else topo.size
-        pushes, pending, push_bytes = [], [], []
+        pending, push_bytes = [], []
         # An accumulator's time step advances on every take and it drops pushes from older
         # steps, so each push carries the current global step.
         step = self.global_step_var.read_value()
@@ -60,39 +60,40 @@ class PSRoute:
                     push = _push(target, grad, step)
                     if remote:
                         push_bytes.append(tensor_bytes(grad))
-                pushes.append(push)
+                self.pushes.append(push)
                 pending.append((target, grad, var))
         self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
         self.bytes["ps_pull"] = self._pull_bytes()
-        if topo.is_chief:
-            return self._chief_update(pushes, pending, num_required)
-        with tf.control_dependencies(pushes):
-            return _token_queue(topo.rank, self.request.plan, topo).dequeue().op
-
-    def _chief_update(self, pushes, pending, num_required) -> tf.Operation:
-        topo = self.topo
-        with tf.control_dependencies(pushes):
-            averaged = []
+        if not topo.is_chief:
+            return {}
+        averaged = {}
+        with tf.control_dependencies(self.pushes):
             for acc, grad, var in pending:
                 # next to the variable, so the summed gradient never leaves its server
                 with tf.device(var.device):
-                    total = _take(acc, grad, num_required)
-                    averaged.append((_scale(total, 1.0 / topo.size), var))
-        apply = self.optimizer.apply_gradients(averaged, global_step=self.global_step_var)
-        self.applied = [v for _, v in averaged]
-        self.chief_init.append(tf.compat.v1.variables_initializer(optimizer_state(self.optimizer, self.applied)))
+                    averaged[var.op.name] = _scale(_take(acc, grad, num_required), 1.0 / topo.size)
+        return averaged
+
+    def release(self, chief_step: tf.Operation, payload: tf.Tensor) -> tf.Operation:
+        """Rank 0, after its step (every PS variable updated): hands each other rank a token
+        carrying `payload` (the few numbers their gradient transform needs from PS gradients)."""
         tokens = []
-        with tf.control_dependencies([apply]):
-            for rank in range(1, topo.size):
-                queue = _token_queue(rank, self.request.plan, topo)
+        with tf.control_dependencies([chief_step]):
+            for rank in range(1, self.topo.size):
+                queue = _token_queue(rank, payload.shape[0], self.topo)
                 with tf.device(queue.queue_ref.device):
-                    tokens.append(queue.enqueue(tf.constant(0, tf.int64)))
-        return tf.group(apply, *tokens)
+                    tokens.append(queue.enqueue(payload))
+        return tf.group(chief_step, *tokens)
+
+    def wait(self, payload_size: int) -> tf.Tensor:
+        """Other ranks, after their pushes: rank 0's token for this step (its payload)."""
+        with tf.control_dependencies(self.pushes):
+            return _token_queue(self.topo.rank, payload_size, self.topo).dequeue()
 
     def _pull_bytes(self) -> tf.Tensor:
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,
         or whole dense values)."""
-        needed = ancestors(self.rebuilt.model.loss.op)
+        needed = ancestors(self.rebuilt.loss.op)
         sizes = []
         for entry in self.entries:
             for part in self.rebuilt.parts[entry.name]:
@@ -156,10 +157,10 @@ def _scale(grad, factor):
     return grad * tf.cast(factor, grad.dtype)
 
 
-def _token_queue(rank: int, plan, topo):
+def _token_queue(rank: int, payload_size: int, topo):
     """Rank `rank`'s own token queue, on its host's server (one queue per rank: a shared queue
     would let a fast rank take a slower rank's token and run a step ahead)."""
     host = topo.host_of(rank)
     with tf.device(f"/job:ps/task:{host}"):
-        return tf.queue.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"parallax_token_{rank}",
+        return tf.queue.FIFOQueue(4, [tf.float64], shapes=[[payload_size]], shared_name=f"parallax_token_{rank}",
                                   name=f"parallax_token_{rank}")

@@ -1,4 +1,13 @@
-"""Assembles a synchronous data-parallel graph from the PS and AllReduce routes."""
+"""Assembles a synchronous data-parallel graph from the PS and AllReduce routes around the
+model's own train op.
+
+Every rank builds the user's graph (train op included), takes its own raw gradients and sends
+them along the routes; the train op's transform and applies are rewired to read the global
+gradients (rewriters/transform.py). AllReduce variables are then updated by every rank, PS
+variables by rank 0 next to the variable. On the other ranks, every op that writes a PS
+variable (its apply, the global-step increment) is rank 0's alone: what depended on it waits
+for rank 0's token instead, which also carries what their transform needs from PS gradients.
+"""
 from __future__ import annotations
 
 from typing import Dict, Sequence
@@ -7,63 +16,154 @@ import tensorflow as tf
 
 from parallax_tf.errors import ModelError
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
-from rewriters.common import BuildRequest, DistributedGraph, barrier_op, rebuild
+from rewriters.common import BuildRequest, DistributedGraph, ancestors, barrier_op, rebuild, step_report
 from rewriters.ps_route import PSRoute
+
+_READS = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp", "VariableShape"}
 
 
 def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str) -> DistributedGraph:
     plan, topo = request.plan, request.topology
-    other = sorted({v.route for v in plan.variables} - set(allowed_routes))
+    other = sorted({v.route for v in plan.trained} - set(allowed_routes))
     if other:
         raise ValueError(f"the {strategy} rewriter cannot build route(s) {other}")
     rebuilt = rebuild(request)
+    training = rebuilt.training
     if all(g is None for grads in rebuilt.grads.values() for g in grads):
         raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
                          "depends on the model's variables")
     ps_entries, ar_entries = plan.on_route(ROUTE_PS), plan.on_route(ROUTE_ALLREDUCE)
-    step_device = "/job:ps/task:0" if ps_entries else topo.worker_device
-    with tf.device(step_device):
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step",
-                                  use_resource=True)
-    allreduce = AllReduceRoute(request, rebuilt, ar_entries, rebuilt.model.optimizer,
-                               None if ps_entries else global_step)
-    updates = [allreduce.build()]
-    chief_init, local_init = [], [v.initializer for v in allreduce.replicas]
-    ps_route = None
-    if ps_entries:
-        ps_route = PSRoute(request, rebuilt, ps_entries, rebuilt.model.optimizer, global_step)
-        updates.append(ps_route.build())
-        chief_init += [global_step.initializer] + ps_route.chief_init
+    global_step, target = training.global_step, training.train_op
+    if global_step is None:    # the model advances no step of its own: the toolkit keeps one
+        with tf.device("/job:ps/task:0" if ps_entries else topo.worker_device):
+            global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step",
+                                      use_resource=True)
+        with tf.control_dependencies([target]), tf.compat.v1.colocate_with(global_step):
+            target = global_step.assign_add(1).op
+    ps_parts = {p.variable.op.name: p.variable for e in ps_entries for p in rebuilt.parts[e.name]}
+    on_ps, sparse_on_ps = set(ps_parts), {p.variable.op.name for e in ps_entries if e.gradient == "sparse"
+                                          for p in rebuilt.parts[e.name]}
+    needed = ancestors(target)
+    transform = transform_lib.analyse(training, needed)
+    reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
+
+    allreduce = AllReduceRoute(request, rebuilt, ar_entries)
+    global_grads = allreduce.build()
+    ps_route = PSRoute(request, rebuilt, ps_entries, global_step) if ps_entries else None
+    if ps_route is not None:
+        global_grads.update(ps_route.exchange())
+        _read_step_before_pushing(global_step, needed, set(transform.depends), ps_route.pushes)
+    own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
+                rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
+    transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
+    transform = transform_lib.analyse(training, ancestors(target))
+    chief_only = {op for op in ancestors(target) if _writes_ps_variable(op)}
+    gradient_ops = set(transform.depends)
+    elsewhere = _needed_without(target, chief_only, gradient_ops) - chief_only   # what ranks other than 0 run
+    crossing = transform_lib.crossing_tensors(transform, on_ps, elsewhere) if ps_entries else []
+    transform_lib.feed_global_gradients(transform, global_grads, ancestors(target))
+    if ps_route is None:
+        step = target
+    elif topo.is_chief:
+        transform_lib.place_next_to_variables(transform, {n: v.device for n, v in ps_parts.items()})
+        step = ps_route.release(target, transform_lib.pack(crossing))
     else:
-        local_init.append(global_step.initializer)
-    local_init.append(tf.compat.v1.variables_initializer(allreduce.local_state))
-    # Everything each rank holds a copy of starts as rank 0's (which may come from a checkpoint).
-    replicated = allreduce.replicas + allreduce.local_state + ([] if ps_entries else [global_step])
+        token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
+        transform_lib.unpack(crossing, token, elsewhere)
+        step = _without(target, chief_only, gradient_ops, token.op)
+
+    variables = tf.compat.v1.global_variables()
+    on_server = [v for v in variables if "/job:ps" in v.device]
+    local = [v for v in variables if "/job:ps" not in v.device]
     broadcast = None
-    if topo.size > 1 and replicated:
+    if topo.size > 1 and local:     # every copy starts as rank 0's (which may come from a checkpoint)
         import horovod.tensorflow as hvd
-        broadcast = hvd.broadcast_variables(replicated, root_rank=0)
+        broadcast = hvd.broadcast_variables(local, root_rank=0)
     byte_counts: Dict[str, tf.Tensor] = dict(allreduce.bytes)
     if ps_route is not None:
         byte_counts.update(ps_route.bytes)
     for name, layout in detect_layouts(rebuilt, plan).items():
         plan.by_name()[name].layout = layout
-    loss = rebuilt.model.loss
-    if topo.size > 1:
-        import horovod.tensorflow as hvd
-        mean_loss = hvd.allreduce(loss, op=hvd.Average, name="parallax_mean_loss")
-    else:
-        mean_loss = tf.identity(loss)
+    report, request_checkpoint, report_routes = step_report(training.loss, byte_counts, topo.size)
     return DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=loss, mean_loss=mean_loss, train_op=tf.group(*updates),
-        global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=chief_init,
-        local_init=tf.group(*local_init), broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0] / topo.size,
+        train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
+        chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
+        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
+        broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
         bytes_per_step=byte_counts, global_step_var=global_step,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    or [tf.constant(0, tf.int64)]),
-        optimizers=[(allreduce.optimizer, allreduce.applied)]
-        + ([(ps_route.optimizer, ps_route.applied)] if ps_route else []))
+        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
+        report=report, report_routes=report_routes, checkpoint_request=request_checkpoint)
+
+
+def _writes_ps_variable(op) -> bool:
+    """An op that changes a variable on a parameter server: only rank 0 runs it."""
+    if op.type in _READS:
+        return False
+    for tensor in op.inputs:
+        if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:
+            source = tensor.op
+            while source.type == "Identity" and source.inputs:
+                source = source.inputs[0].op
+            if source.type in ("VarHandleOp", "VariableV2") and "/job:ps" in source.device:
+                return True
+    return False
+
+
+def _needed_without(target, chief_only: set, gradient_ops: set) -> set:
+    """What ranks other than 0 run: `target`'s ancestors, passing through rank 0's ops only by
+    what they wait for (control inputs, and inputs that carry no gradient)."""
+    seen, stack = set(), [target]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs if op not in chief_only or t.op not in gradient_ops)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def _without(target, chief_only: set, gradient_ops: set, token: tf.Operation) -> tf.Operation:
+    """Ranks other than 0: whatever waited for one of rank 0's ops waits for its token instead,
+    and for what that op itself waited for (e.g. the AllReduce applies behind an increment)."""
+    memo: Dict[tf.Operation, set] = {}
+
+    def waited_for(op) -> set:
+        if op not in memo:
+            memo[op] = set()
+            # TF hangs a control dependency on a new op's inputs when they already carry it
+            for before in list(op.control_inputs) + [t.op for t in op.inputs if t.op not in gradient_ops]:
+                memo[op] |= waited_for(before) if before in chief_only else {before}
+        return memo[op]
+
+    for op in _needed_without(target, chief_only, gradient_ops) - chief_only:
+        if any(c in chief_only for c in op.control_inputs):
+            keep = [c for c in op.control_inputs if c not in chief_only]
+            extra = set().union(*(waited_for(c) for c in op.control_inputs if c in chief_only)) - set(keep)
+            op._remove_all_control_inputs()
+            op._add_control_inputs(keep + sorted(extra, key=lambda o: o.name) + [token])
+        used = [t for t in op.inputs if t.op in chief_only]
+        if used:
+            raise ModelError(f"op {op.name!r} uses the output of {used[0].op.name!r}, which updates a PS variable "
+                             "and runs only on rank 0; make it depend on the update by control only")
+    if target not in chief_only:
+        return target
+    return tf.group(token, *sorted(waited_for(target), key=lambda o: o.name))
+
+
+def _read_step_before_pushing(global_step, needed: set, gradient_ops: set, pushes) -> None:
+    """The model's reads of the global step (LR schedules) happen before this rank pushes, so
+    rank 0, which advances the step only once every push arrived, cannot advance it first.
+    (A read that itself waits for the gradients or the applies is left alone: it cannot race.)"""
+    reads = [op for op in global_step.handle.consumers() if op.type == "ReadVariableOp" and op in needed
+             and not ancestors(op) & gradient_ops]
+    for push in pushes:
+        push._add_control_inputs(reads)
 
 
 def detect_layouts(rebuilt, plan) -> Dict[str, str]:

@@ -17,6 +17,12 @@ OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
 }
+OPTIMIZERS_BY_RATE = {
+    "sgd": tf.compat.v1.train.GradientDescentOptimizer,
+    "momentum": lambda rate: tf.compat.v1.train.MomentumOptimizer(rate, 0.9),
+    "adagrad": tf.compat.v1.train.AdagradOptimizer,
+    "adam": tf.compat.v1.train.AdamOptimizer,
+}
 VOCAB, DIM, CLASSES, IDS_PER_EXAMPLE = 20, 4, 3, 3
 
 
@@ -49,9 +55,97 @@ def _dataset_batches(ctx):
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
+CLIP_NORM = 0.05     # below the global norm of these models' gradients: clipping happens
+
+
+def _mixed_loss():
+    features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), _ids()), axis=1)
+    return _classification_loss(_dense_head(features))
+
+
+def _batch_norm(x, name="bn", decay=0.9):
+    """Hand-written batch norm as TF1 code writes it: moving statistics updated by assign ops
+    in UPDATE_OPS, normalising with the batch's own statistics while training."""
+    with tf.compat.v1.variable_scope(name):
+        size = int(x.shape[-1])
+        gamma = tf.compat.v1.get_variable("gamma", [size], initializer=tf.compat.v1.ones_initializer())
+        beta = tf.compat.v1.get_variable("beta", [size], initializer=tf.compat.v1.zeros_initializer())
+        moving_mean = tf.compat.v1.get_variable("moving_mean", [size], trainable=False,
+                                                initializer=tf.compat.v1.zeros_initializer())
+        moving_var = tf.compat.v1.get_variable("moving_variance", [size], trainable=False,
+                                               initializer=tf.compat.v1.ones_initializer())
+        mean, var = tf.nn.moments(x, [0])
+        for moving, value in ((moving_mean, mean), (moving_var, var)):
+            update = moving.assign(decay * moving + (1 - decay) * value)
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update.op)
+        return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-3)
+
+
+def _keras(model: str):
+    import tf_keras
+    init = lambda seed: tf_keras.initializers.GlorotUniform(seed=seed)  # noqa: E731
+    if model == "keras":        # Embedding (IndexedSlices -> PS) + Dense
+        ids, labels = _ids(), tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+        net = tf_keras.Sequential([
+            tf_keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=tf_keras.initializers.RandomNormal(seed=1)),
+            tf_keras.layers.GlobalAveragePooling1D(),
+            tf_keras.layers.Dense(CLASSES, kernel_initializer=init(2))])
+        logits = net(ids)
+    else:                       # keras_bn: batch norm on the input and in the middle
+        x, labels = tf.compat.v1.placeholder(tf.float32, [None, DIM], name="x"), \
+            tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+        net = tf_keras.Sequential([
+            tf_keras.layers.BatchNormalization(momentum=0.9, name="bn_in"),
+            tf_keras.layers.Dense(6, activation="relu", kernel_initializer=init(3)),
+            tf_keras.layers.BatchNormalization(momentum=0.9, name="bn_mid"),
+            tf_keras.layers.Dense(CLASSES, kernel_initializer=init(4))])
+        logits = net(x, training=True)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return net, loss
+
+
 def build(model: str, optimizer: str):
     """model_fn(ctx) for a named case."""
     def model_fn(ctx=None):
+        if model == "clip_decay":        # the user's own train op: clip by global norm, LR decay
+            loss = _mixed_loss()
+            step = tf.compat.v1.train.get_or_create_global_step()
+            rate = tf.compat.v1.train.exponential_decay(0.1 if optimizer != "adam" else 0.01, step, 2, 0.5)
+            opt = OPTIMIZERS_BY_RATE[optimizer](rate)
+            grads, variables = zip(*opt.compute_gradients(loss))
+            clipped, _ = tf.clip_by_global_norm(grads, CLIP_NORM)
+            return ptf.Model(loss=loss, train_op=opt.apply_gradients(zip(clipped, variables), global_step=step))
+        if model == "minimize_gs":       # minimize with the model's global step, a scaled gradient
+            loss = _mixed_loss()
+            step = tf.compat.v1.train.get_or_create_global_step()
+            opt = OPTIMIZERS[optimizer]()
+            pairs = [(g * 2.0 if v.op.name == "w" else g, v) for g, v in opt.compute_gradients(loss)]
+            return ptf.Model(loss=loss, train_op=opt.apply_gradients(pairs, global_step=step))
+        if model == "bn":                # hand-written batch norm, UPDATE_OPS, train_op form
+            x = tf.compat.v1.placeholder(tf.float32, [None, DIM], name="x")
+            emb = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), _ids()), axis=1)
+            loss = _classification_loss(_dense_head(_batch_norm(x) + emb))
+            with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+                train_op = OPTIMIZERS[optimizer]().minimize(
+                    loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+            return ptf.Model(loss=loss, train_op=train_op)
+        if model == "ema":               # an EMA of the weights, updated after each step
+            loss = _mixed_loss()
+            step = tf.compat.v1.train.get_or_create_global_step()
+            apply = OPTIMIZERS[optimizer]().minimize(loss, global_step=step)
+            ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+            with tf.control_dependencies([apply]):
+                train_op = ema.apply(tf.compat.v1.trainable_variables())
+            return ptf.Model(loss=loss, train_op=train_op)
+        if model == "keras":             # tf_keras model, optimizer form
+            _, loss = _keras(model)
+            return ptf.Model(loss=loss, optimizer=OPTIMIZERS[optimizer]())
+        if model == "keras_bn":          # tf_keras with batch norm: updates in model.updates
+            net, loss = _keras(model)
+            with tf.control_dependencies(net.updates):
+                train_op = OPTIMIZERS[optimizer]().minimize(
+                    loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+            return ptf.Model(loss=loss, train_op=train_op)
         if model == "tfdata":
             feeds = _dataset_batches(ctx)
             features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), feeds["ids"]), axis=1)
@@ -105,10 +199,16 @@ def build(model: str, optimizer: str):
 
 
 def batch(model: str, rank: int, step: int) -> dict:
-    model = "mixed" if model in ("tfdata", "ref_vars") else model
+    model = "mixed" if model in ("tfdata", "ref_vars", "clip_decay", "minimize_gs", "ema", "keras") else model
     rng = np.random.RandomState(1000 * step + rank)
     if model == "dense_only":
         return {"x": rng.randn(BATCH, DIM), "labels": rng.randint(0, CLASSES, BATCH)}
+    if model == "keras_bn":   # features with a mean and scale of their own, per rank
+        return {"x": (rng.randn(BATCH, DIM) * 2 + 1 + rank).astype(np.float32), "labels": rng.randint(0, CLASSES, BATCH)}
+    if model == "bn":
+        feeds = batch("mixed", rank, step)
+        feeds["x"] = (rng.randn(BATCH, DIM) * 2 + 1 + rank).astype(np.float32)
+        return feeds
     high = 3 if model == "duplicates" else (VOCAB + 1 if model == "partitioned" else VOCAB)
     feeds = {"ids": rng.randint(0, high, [BATCH, IDS_PER_EXAMPLE])}
     if model == "sparse_only":
@@ -141,5 +241,16 @@ CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in OPTIMIZERS] + [
     ("no_local_aggregation", "mixed", "adagrad", {"local_aggregation": False}),
     ("tfdata", "tfdata", "momentum", {}),
     ("ref_vars", "ref_vars", "adagrad", {}),
+    # real single-device models: the user's own train op, global step, model state, tf_keras
+    ("clip_decay_sgd", "clip_decay", "sgd", {}),
+    ("clip_decay_adam", "clip_decay", "adam", {}),
+    ("minimize_gs", "minimize_gs", "momentum", {}),
+    ("ema", "ema", "adagrad", {}),
+    ("keras", "keras", "adam", {}),
+    ("bn", "bn", "momentum", {}),
+    ("keras_bn", "keras_bn", "sgd", {}),
 ]
+# Batch norm normalises with each rank's own batch (as Horovod does), so these match the
+# average of per-rank gradients rather than one gradient of the concatenated batch.
+PER_RANK_BATCH_STATISTICS = {"bn", "keras_bn"}
 CASE_BY_NAME = {c[0]: c for c in CASES}

@@ -17,7 +17,7 @@ def train_single_device(model: str, optimizer: str, size, steps: int = cases.STE
         tf.compat.v1.set_random_seed(seed)     # parallax_tf's default --seed
         # tf.data reads this rank's batches itself; the reference is fed the global batch instead
         built = cases.build("mixed" if model == "tfdata" else model, optimizer)()
-        train = built.optimizer.minimize(built.loss)
+        train = built.train_op if built.train_op is not None else built.optimizer.minimize(built.loss)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for step, ranks in enumerate(sizes):
@@ -25,9 +25,66 @@ def train_single_device(model: str, optimizer: str, size, steps: int = cases.STE
                          for k, v in cases.global_batch(model, step, ranks).items()}
                 sess.run(train, feeds)
             values = _whole_values(sess)
+            values.update(state_values(sess))
             if with_slots:
                 values.update(_slot_values(sess, built.optimizer))
             return values
+
+
+def train_per_rank_statistics(model: str, optimizer: str, size: int, steps: int = cases.STEPS, seed: int = 0):
+    """The rule for models whose batch norm normalises with each rank's own batch: every rank
+    takes the gradient of its batch (its own batch statistics) at the same weights, the mean of
+    those gradients is applied once; each rank updates its own moving statistics, and what is
+    read is their mean over ranks. Written here in one process, independently of the toolkit."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        built = cases.build(model, optimizer)()
+        trainable = tf.compat.v1.trainable_variables()
+        grads = tf.gradients(built.loss, trainable)
+        holders = []     # a sparse gradient stays sparse: the optimizer's sparse update is the rule
+        for v, g in zip(trainable, grads):
+            if isinstance(g, tf.IndexedSlices):
+                holders.append(tf.IndexedSlices(tf.compat.v1.placeholder(v.dtype.base_dtype, [None] + v.shape[1:].as_list()),
+                                                tf.compat.v1.placeholder(tf.int64, [None]), v.shape.as_list()))
+            else:
+                holders.append(tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape))
+        apply = cases.OPTIMIZERS[optimizer]().apply_gradients(zip(holders, trainable))
+        state = [v for v in tf.compat.v1.global_variables() if "moving_" in v.op.name]
+        handles = {v.handle.name for v in state}
+        updates = [op for op in graph.get_operations() if op.type.startswith("Assign") and op.inputs
+                   and op.inputs[0].name in handles and "Initializer" not in op.name and "/Assign" not in op.name[-7:]]
+        holders_state = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in state]
+        set_state = [v.assign(h) for v, h in zip(state, holders_state)]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(steps):
+                shared = sess.run(state)
+                rank_grads, rank_state = [], []
+                for rank in range(size):
+                    feeds = {graph.get_tensor_by_name(k + ":0"): v for k, v in cases.batch(model, rank, step).items()}
+                    sess.run(set_state, dict(zip(holders_state, shared)))
+                    rank_grads.append(sess.run(grads, feeds))
+                    sess.run(updates, feeds)
+                    rank_state.append(sess.run(state))
+                sess.run(set_state, dict(zip(holders_state, [np.mean(s, axis=0) for s in zip(*rank_state)])))
+                feeds = {}
+                for holder, per_rank in zip(holders, zip(*rank_grads)):
+                    if isinstance(holder, tf.IndexedSlices):   # all ranks' rows, each scaled by 1/size
+                        feeds[holder.values] = np.concatenate([g.values for g in per_rank]) / size
+                        feeds[holder.indices] = np.concatenate([g.indices for g in per_rank]).astype(np.int64)
+                    else:
+                        feeds[holder] = np.mean(per_rank, axis=0)
+                sess.run(apply, feeds)
+            values = _whole_values(sess)
+            values.update(state_values(sess))
+            return values
+
+
+def state_values(sess):
+    """Model state a Saver would hold besides the weights: batch-norm statistics, EMAs."""
+    return {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()
+            if not v.trainable and ("moving_" in v.op.name or "ExponentialMovingAverage" in v.op.name)}
 
 
 def _slot_values(sess, optimizer):

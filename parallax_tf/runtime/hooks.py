@@ -17,19 +17,24 @@ from parallax_tf.plan import human_bytes
 class StepStats:
     def __init__(self):
         self.times: List[float] = []
-        self.bytes: Dict[str, List[int]] = {}
+        self.bytes: Dict[str, List[int]] = {}           # this rank's
+        self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together
         self.lower_bound: List[int] = []
         self.examples = 0
+        self.checkpoint_requested = False               # the last step's collective decision
 
-    def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0) -> None:
+    def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
+            cluster_moved: Optional[Dict[str, int]] = None) -> None:
         self.times.append(seconds)
         self.examples += examples
         self.lower_bound.append(int(lower_bound))
         for route, n in moved.items():
             self.bytes.setdefault(route, []).append(int(n))
+        for route, n in (cluster_moved or {}).items():
+            self.cluster_bytes.setdefault(route, []).append(int(n))
 
-    def mean_bytes(self) -> Dict[str, float]:
-        return {route: float(np.mean(v)) for route, v in self.bytes.items()}
+    def mean_bytes(self, cluster: bool = False) -> Dict[str, float]:
+        return {route: float(np.mean(v)) for route, v in (self.cluster_bytes if cluster else self.bytes).items()}
 
     def recent_rate(self, window: int = 10):
         recent = self.times[-window:]
@@ -39,6 +44,10 @@ class StepStats:
 
 
 class Hook:
+    def request(self, step: int) -> float:
+        """Before step `step` (1-based) runs: > 0 to ask every rank for a checkpoint after it."""
+        return 0.0
+
     def after_step(self, step: int, loss: float, stats: StepStats) -> None:
         """`step` is the global step just completed (1-based)."""
 
@@ -57,9 +66,10 @@ class Progress(Hook):
     def after_step(self, step, loss, stats):
         step_s, rate = stats.recent_rate()
         eta = (self.total - step) * step_s
-        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.bytes.items()) if v[-1])
+        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.cluster_bytes.items())
+                         if v[-1])
         line = (f"step {step}/{self.total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
-                f"eta {eta:.0f}s bytes/step {moved or '0'}")
+                f"eta {eta:.0f}s bytes/step (all ranks) {moved or '0'}")
         if step % self.every == 0 or step == self.total:
             self.stream.write(("\r\x1b[2K" if self.live else "") + line + "\n")
         elif self.live:
@@ -69,25 +79,32 @@ class Progress(Hook):
 
 
 class Checkpointer(Hook):
-    """Saves every `every` steps and/or `secs` seconds, and at the end of training."""
+    """Saves every `every` steps and/or `secs` seconds, and at the end of training.
 
-    def __init__(self, store: CheckpointStore, read_state, every: int, secs: float):
+    Rank 0 holds the store and writes. When reading the state is collective, every rank has a
+    Checkpointer (store None) and reads at the same steps: by step count, or when rank 0's
+    clock asked for one through the step's collective report."""
+
+    def __init__(self, store: Optional[CheckpointStore], read_state, every: int, secs: float):
         self.store, self.read_state = store, read_state
         self.every, self.secs = every, secs
         self.last_time = time.monotonic()
         self.last_step: Optional[int] = None
-        self.last_path: Optional[str] = store.latest()
+        self.last_path: Optional[str] = store.latest() if store else None
+
+    def request(self, step):
+        return 1.0 if self.store and self.secs and time.monotonic() - self.last_time >= self.secs else 0.0
 
     def after_step(self, step, loss, stats):
-        due_steps = self.every and step % self.every == 0
-        due_time = self.secs and time.monotonic() - self.last_time >= self.secs
-        if due_steps or due_time:
+        if (self.every and step % self.every == 0) or stats.checkpoint_requested:
             self.save(step)
 
     def save(self, step: int) -> None:
         if step == self.last_step:
             return
-        self.last_path = self.store.save(self.read_state(), step)
+        values = self.read_state()
+        if self.store is not None:
+            self.last_path = self.store.save(values, step)
         self.last_step, self.last_time = step, time.monotonic()
 
     def end(self, step):
@@ -108,6 +125,7 @@ class Summaries(Hook):
         step_s, rate = stats.recent_rate(window=1)
         values = {"loss": loss, "examples_per_second": rate, "step_seconds": step_s}
         values.update({f"bytes_per_step/{route}": v[-1] for route, v in stats.bytes.items()})
+        values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
         summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))
                                               for tag, v in values.items()])
         self.writer.add_summary(summary, step)

@@ -76,12 +76,13 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
     """Runs steps [start, steps); returns this rank's losses and the step statistics."""
     losses: List[float] = []
     stats = StepStats()
-    fetches = {"loss": dgraph.loss, "mean_loss": dgraph.mean_loss, "train": dgraph.train_op,
+    fetches = {"loss": dgraph.loss, "report": dgraph.report, "train": dgraph.train_op,
                "bytes": dgraph.bytes_per_step, "lower_bound": dgraph.lower_bound_bytes}
     try:
         for step in range(start, steps):
             ctx.step = step
             feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
+            feeds[dgraph.checkpoint_request] = sum(hook.request(step + 1) for hook in hooks)
             options, metadata = tracer.options(step)
             # A whole step has a deadline too: a Horovod collective that never completes is not
             # covered by the session's operation timeout.
@@ -90,17 +91,20 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             begin = time.perf_counter()
             with guard(f"step {step}"):
                 out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
+            report = out["report"]
+            mean_loss = report[0] / ctx.size
             stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,
-                      out["lower_bound"])
+                      out["lower_bound"], dict(zip(dgraph.report_routes, report[2:])))
+            stats.checkpoint_requested = report[1] > 0
             tracer.record(step, metadata)
             losses.append(float(out["loss"]))
             # The mean over ranks decides, so every rank stops at the same step.
-            if not np.isfinite(out["mean_loss"]):
-                raise Diverged(f"the loss (mean over ranks) is {out['mean_loss']} at step {step}; "
+            if not np.isfinite(mean_loss):
+                raise Diverged(f"the loss (mean over ranks) is {mean_loss} at step {step}; "
                                "training stopped before that step could be checkpointed. Lower the "
                                "learning rate or check the input, then restart from the last checkpoint")
             for hook in hooks:
-                hook.after_step(step + 1, float(out["mean_loss"]), stats)
+                hook.after_step(step + 1, float(mean_loss), stats)
     finally:
         tracer.write()
     for hook in hooks:         # only after a clean finish: never checkpoint a broken state

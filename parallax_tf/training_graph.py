@@ -1,0 +1,279 @@
+"""Building the user's single-device training graph and recording how it trains.
+
+model_fn returns Model(loss, optimizer) or Model(loss, train_op). Either way the graph ends up
+holding the user's own training ops: a gradient computation, any transform of the gradients,
+one or more tf.compat.v1.train optimizer applies and perhaps a global-step increment. While
+model_fn (and, for the optimizer form, `minimize`) runs, `build` records every gradient
+computation and every `apply_gradients` call, so the later stages know which optimizer updates
+which variable from which raw gradient, what lies between the two (the transform) and which
+variable is the global step. Recording wraps two TF functions for the duration of the call
+only and restores them afterwards; nothing stays patched.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+from typing import Callable, Dict, List, Optional
+
+import tensorflow as tf
+
+from parallax_tf.errors import ModelError
+from parallax_tf.model import Model, RunContext
+
+OPTIMIZER_FORM_HELP = ("return parallax_tf.Model(loss=<scalar tensor>, optimizer=<tf.compat.v1.train optimizer>) "
+                       "or parallax_tf.Model(loss=<scalar tensor>, train_op=opt.minimize(loss, global_step=...))")
+
+
+@dataclasses.dataclass
+class GradientCall:
+    """One tf.gradients / compute_gradients call: grads[i] = d(sum ys)/d xs[i]."""
+    ys: list
+    grad_ys: object
+    xs: list
+    grads: list
+
+
+@dataclasses.dataclass
+class Apply:
+    """One optimizer.apply_gradients call."""
+    optimizer: object
+    grads_and_vars: list            # (transformed gradient, variable), as the user passed them
+    global_step: object             # the variable it advances, or None
+    op: tf.Operation                # what apply_gradients returned
+    created: set                    # names of the ops it created (updates, slots, non-slot state)
+
+
+@dataclasses.dataclass
+class Training:
+    model: Model
+    loss: tf.Tensor
+    train_op: tf.Operation          # the user's, or minimize() for the optimizer form
+    applies: List[Apply]            # those the train op runs
+    gradient_calls: List[GradientCall]
+    global_step: object             # the variable the train op advances once per step, or None
+    keras_layers: Dict[str, str]    # variable op name -> the tf_keras layer class that made it
+
+    def raw_gradients(self) -> Dict[str, tuple]:
+        """Applied variable (op name) -> (its raw gradient, the gradient call it came from)."""
+        found = {}
+        for call in self.gradient_calls:
+            for x, grad in zip(call.xs, call.grads):
+                if grad is None:
+                    continue
+                if isinstance(x, tf.Variable):
+                    found[x.op.name] = (grad, call)
+                elif isinstance(x, tf.Tensor) and x.op.type in ("VariableV2", "Variable", "VarHandleOp"):
+                    found[x.op.name] = (grad, call)    # a ref variable's ref (compute_gradients)
+        return found
+
+    def applied(self) -> Dict[str, tuple]:
+        """Applied variable (op name) -> (transformed gradient, variable, Apply)."""
+        return {v.op.name: (g, v, a) for a in self.applies for g, v in a.grads_and_vars if g is not None}
+
+    def created_by_optimizers(self) -> set:
+        return set().union(*(a.created for a in self.applies)) if self.applies else set()
+
+
+def storage(variable) -> tf.Tensor:
+    """The tensor ops use to reach a variable: its resource handle, or a ref variable's ref."""
+    handle = getattr(variable, "handle", None)
+    return handle if handle is not None and handle.dtype == tf.resource else variable.op.outputs[0]
+
+
+class _Recorder:
+    def __init__(self, variable_hook):
+        self.gradient_calls: List[GradientCall] = []
+        self.applies: List[Apply] = []
+        self.in_apply: List[object] = []
+        self.keras_layers: Dict[str, str] = {}
+        self.keras_layer_objects: list = []
+        self.variable_hook = variable_hook
+
+    @contextlib.contextmanager
+    def recording(self):
+        from tensorflow.python.ops import gradients_util
+        helper = gradients_util._GradientsHelper
+        optimizer_class = tf.compat.v1.train.Optimizer
+        apply = optimizer_class.apply_gradients
+        recorder = self
+
+        def gradients_helper(ys, xs, grad_ys=None, *args, **kwargs):
+            grads = helper(ys, xs, grad_ys, *args, **kwargs)
+            recorder.gradient_calls.append(GradientCall(_as_list(ys), grad_ys, _as_list(xs), list(grads)))
+            return grads
+
+        def apply_gradients(optimizer, grads_and_vars, global_step=None, name=None, **kwargs):
+            grads_and_vars = tuple(grads_and_vars)
+            graph = tf.compat.v1.get_default_graph()
+            before = len(graph.get_operations())
+            recorder.in_apply.append(optimizer)
+            try:
+                op = apply(optimizer, grads_and_vars, global_step, name, **kwargs)
+            finally:
+                recorder.in_apply.pop()
+            op = op.op if isinstance(op, tf.Tensor) else op
+            created = {o.name for o in graph.get_operations()[before:]}
+            recorder.applies.append(Apply(optimizer, list(grads_and_vars), global_step, op, created))
+            return op
+
+        def creator(next_creator, **kwargs):
+            layer = _creating_layer()
+            if self.variable_hook is not None:
+                var = self.variable_hook(next_creator, kwargs, in_apply=bool(recorder.in_apply))
+            else:
+                var = next_creator(**kwargs)
+            if layer is not None:
+                recorder.keras_layers[var.op.name] = type(layer).__name__
+                if not any(layer is seen for seen in recorder.keras_layer_objects):
+                    recorder.keras_layer_objects.append(layer)
+            return var
+
+        gradients_util._GradientsHelper = gradients_helper
+        optimizer_class.apply_gradients = apply_gradients
+        try:
+            with tf.variable_creator_scope(creator):
+                yield
+        finally:
+            gradients_util._GradientsHelper = helper
+            optimizer_class.apply_gradients = apply
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _creating_layer():
+    """The innermost tf_keras layer whose code is creating a variable right now, if any.
+    A Keras 3 layer (what tf.keras is in TF 2.21) gets a clear error instead."""
+    frame = sys._getframe(2)
+    for _ in range(60):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        module = type(owner).__module__ if owner is not None else ""
+        if module.startswith("keras.") or module == "keras":
+            raise ModelError(
+                f"model_fn built a Keras 3 object ({type(owner).__module__}.{type(owner).__name__}); tf.keras "
+                "in TF 2.21 is Keras 3, whose layers in a tf.compat.v1 graph never update batch-norm "
+                "statistics. Use Keras 2: `pip install tf_keras` and `import tf_keras` (tf_keras.layers, "
+                "tf_keras.Sequential), or set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported")
+        if module.startswith("tf_keras") and any(c.__name__ == "Layer" for c in type(owner).__mro__):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
+    """Calls model_fn() or model_fn(ctx) and checks what it returned."""
+    try:
+        takes_ctx = len(inspect.signature(model_fn).parameters) >= 1
+    except (TypeError, ValueError):
+        takes_ctx = False
+    model = model_fn(ctx) if takes_ctx else model_fn()
+    if not isinstance(model, Model):
+        raise ModelError(f"model_fn returned {type(model).__name__}; {OPTIMIZER_FORM_HELP}")
+    if model.loss is None:
+        raise ModelError("model_fn returned no loss: pass Model(loss=<scalar tensor>, ...)")
+    if model.optimizer is None and model.train_op is None:
+        raise ModelError("model_fn returned no optimizer and no train_op: pass Model(..., optimizer="
+                         "tf.compat.v1.train.GradientDescentOptimizer(0.1)) or Model(..., train_op=<your train op>)")
+    if model.optimizer is not None and model.train_op is not None:
+        raise ModelError("model_fn returned both an optimizer and a train_op; pass one: the train_op already "
+                         "says how the optimizer is applied")
+    if model.optimizer is not None and not isinstance(model.optimizer, tf.compat.v1.train.Optimizer):
+        raise ModelError(f"optimizer is a {type(model.optimizer).__name__}; parallax_tf needs a "
+                         "tf.compat.v1.train optimizer (GradientDescent, Momentum, Adagrad, Adam, ...)")
+    if not isinstance(model.loss, tf.Tensor):
+        raise ModelError(f"loss is a {type(model.loss).__name__}, not a tensor of the graph model_fn built")
+    if model.loss.shape.rank != 0:
+        raise ModelError(f"loss {model.loss.name} has shape {model.loss.shape}; it must be a scalar "
+                         "(reduce it, e.g. tf.reduce_mean over the batch)")
+    return model
+
+
+def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
+    """Calls model_fn in the default graph, recording how it trains; for the optimizer form,
+    adds `optimizer.minimize(loss)` (advancing the model's global step if it has one, after its
+    state updates: UPDATE_OPS and tf_keras layer updates).
+
+    `variable_hook(next_creator, kwargs, in_apply)` creates each variable (the rewriter places
+    them with it); `in_apply` is true inside an optimizer's apply_gradients (slots)."""
+    recorder = _Recorder(variable_hook)
+    with recorder.recording():
+        model = call_model_fn(model_fn, ctx)
+        train_op = model.train_op
+        if train_op is None:
+            updates = list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+            for layer in recorder.keras_layer_objects:
+                updates += [u for u in _layer_updates(layer) if u not in updates]
+            with tf.control_dependencies(updates):
+                train_op = model.optimizer.minimize(model.loss, global_step=tf.compat.v1.train.get_global_step())
+    train_op = _as_operation(train_op)
+    needed = ancestors(train_op)
+    applies = [a for a in recorder.applies if a.op in needed]
+    if not applies:
+        raise ModelError(f"train_op {train_op.name!r} runs no optimizer apply: build it with opt.minimize(loss) or "
+                         "opt.apply_gradients(...) of a tf.compat.v1.train optimizer (a tf_keras or Keras 3 "
+                         "optimizer is not supported; use tf.compat.v1.train.AdamOptimizer and friends)")
+    owners: Dict[str, Apply] = {}
+    for a in applies:
+        for grad, var in a.grads_and_vars:
+            if grad is None:
+                continue
+            if var.op.name in owners and owners[var.op.name] is not a:
+                raise ModelError(f"variable {var.op.name!r} is updated by two optimizer applies "
+                                 f"({type(owners[var.op.name].optimizer).__name__} {owners[var.op.name].op.name!r} and "
+                                 f"{type(a.optimizer).__name__} {a.op.name!r}); give each variable one optimizer")
+            owners[var.op.name] = a
+    steps = [a.global_step for a in applies if a.global_step is not None]
+    if len(steps) > 1:
+        raise ModelError(f"the train op advances the global step {len(steps)} times per step (applies "
+                         f"{[a.op.name for a in applies if a.global_step is not None]}); pass global_step to one "
+                         "apply_gradients/minimize only")
+    training = Training(model=model, loss=model.loss, train_op=train_op, applies=applies,
+                        gradient_calls=recorder.gradient_calls, global_step=steps[0] if steps else None,
+                        keras_layers=recorder.keras_layers)
+    _check_gradients_are_recorded(training)
+    return training
+
+
+def _layer_updates(layer) -> list:
+    try:
+        updates = layer.updates
+    except Exception:   # a layer that was never called has no updates to give
+        return []
+    return [u.op if isinstance(u, tf.Tensor) else u for u in updates if isinstance(u, (tf.Tensor, tf.Operation))]
+
+
+def _check_gradients_are_recorded(training: Training) -> None:
+    raw = training.raw_gradients()
+    for name, (grad, var, a) in training.applied().items():
+        if name not in raw:
+            raise ModelError(f"the gradient {a.op.name!r} applies to {name!r} does not come from tf.gradients or "
+                             "optimizer.compute_gradients of a loss; parallax_tf must know the raw gradient to "
+                             "average it across ranks. Compute gradients with opt.compute_gradients(loss)")
+
+
+def _as_operation(op) -> tf.Operation:
+    if isinstance(op, tf.Operation):
+        return op
+    if isinstance(op, tf.Tensor):
+        return op.op
+    if isinstance(op, (list, tuple)):
+        return tf.group(*op)
+    raise ModelError(f"train_op is a {type(op).__name__}; pass the tf.Operation your training step runs")
+
+
+def ancestors(op) -> set:
+    """Every op `op` depends on (data and control)."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+        stack.extend(current.control_inputs)
+    return seen
