@@ -1,9 +1,11 @@
 """VGG-like CNN on small generated images with a large fully connected head (the dense model).
 
 Convolutions are tiny; the FC head (flatten -> 1024 -> 1024 -> classes) holds almost all the
-bytes, the situation where FC layers dominate communication.
+bytes, the situation where FC layers dominate communication. `--cnn_keras` builds it with
+tf_keras layers and batch norm, trained by the script's own train op.
 
     python -m models.cnn --np 2 --steps 60
+    python -m models.cnn --np 2 --steps 60 --cnn_keras
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ flags.DEFINE_integer("cnn_batch", 32, "Images per rank per step.")
 flags.DEFINE_float("cnn_learning_rate", 0.01, "Momentum optimizer learning rate.")
 flags.DEFINE_float("cnn_momentum", 0.9, "Momentum.")
 flags.DEFINE_float("cnn_noise", 1.0, "Standard deviation of the noise added to the class patterns.")
+flags.DEFINE_bool("cnn_keras", False, "Build the CNN with tf_keras (Keras 2) layers, batch norm after each "
+                  "conv, and the script's own train op (LR decay on the global step, model.updates).")
 FLAGS = flags.FLAGS
 
 DEFAULTS = dict(image_size=16, classes=10, conv_channels=(16, 32), fc_units=(1024, 1024), batch=32,
@@ -75,6 +79,42 @@ def make_model_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAU
     return model_fn
 
 
+def make_keras_model_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAULTS["classes"],
+                        conv_channels: Sequence[int] = DEFAULTS["conv_channels"],
+                        fc_units: Sequence[int] = DEFAULTS["fc_units"],
+                        learning_rate: float = DEFAULTS["learning_rate"], momentum: float = DEFAULTS["momentum"]):
+    """The same CNN as a tf_keras model with batch norm, written as a single-device TF1 script
+    writes it: the model's own global step, an LR schedule on it, and a train op that runs the
+    batch-norm updates (model.updates) before minimize."""
+    import tf_keras
+    from tf_keras import layers
+
+    def model_fn():
+        images = tf.compat.v1.placeholder(tf.float32, [None, image_size, image_size, CHANNELS], name="images")
+        labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+        stack = []
+        for index, channels in enumerate(conv_channels, start=1):
+            for layer in range(2):
+                stack += [layers.Conv2D(int(channels), 3, padding="same", use_bias=False, name=f"conv{index}_{layer + 1}",
+                                        kernel_initializer=tf_keras.initializers.HeNormal(seed=100 + 10 * index + layer)),
+                          layers.BatchNormalization(momentum=0.9, name=f"bn{index}_{layer + 1}"), layers.ReLU()]
+            stack.append(layers.MaxPooling2D(2))
+        stack.append(layers.Flatten())
+        for index, units in enumerate(fc_units, start=1):
+            stack.append(layers.Dense(int(units), activation="relu", name=f"fc{index}",
+                                      kernel_initializer=tf_keras.initializers.HeNormal(seed=200 + index)))
+        stack.append(layers.Dense(classes, name="logits", kernel_initializer=tf_keras.initializers.GlorotUniform(seed=299)))
+        net = tf_keras.Sequential(stack, name="cnn")
+        logits = net(images, training=True)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        rate = tf.compat.v1.train.exponential_decay(learning_rate, step, decay_steps=100, decay_rate=0.9)
+        with tf.control_dependencies(net.updates):
+            train_op = tf.compat.v1.train.MomentumOptimizer(rate, momentum).minimize(loss, global_step=step)
+        return ptf.Model(loss=loss, train_op=train_op)
+    return model_fn
+
+
 def make_input_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAULTS["classes"],
                   batch: int = DEFAULTS["batch"], noise: float = DEFAULTS["noise"], seed: int = 0):
     """input_fn(ctx) -> {"images", "labels"}: per-class patterns plus noise (same patterns on every rank)."""
@@ -92,10 +132,11 @@ input_fn = make_input_fn()
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    model = make_model_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes,
-                          conv_channels=[int(c) for c in FLAGS.cnn_conv_channels],
-                          fc_units=[int(u) for u in FLAGS.cnn_fc_units],
-                          learning_rate=FLAGS.cnn_learning_rate, momentum=FLAGS.cnn_momentum)
+    make = make_keras_model_fn if FLAGS.cnn_keras else make_model_fn
+    model = make(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes,
+                 conv_channels=[int(c) for c in FLAGS.cnn_conv_channels],
+                 fc_units=[int(u) for u in FLAGS.cnn_fc_units],
+                 learning_rate=FLAGS.cnn_learning_rate, momentum=FLAGS.cnn_momentum)
     inputs = make_input_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes, batch=FLAGS.cnn_batch,
                            noise=FLAGS.cnn_noise, seed=FLAGS.seed)
     run_and_report("cnn", model, inputs)

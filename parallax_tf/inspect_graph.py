@@ -170,12 +170,14 @@ _INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "Itera
 
 
 def _reads_the_batch(var, train_op) -> bool:
-    """Whether the train op updates `var` from this rank's data (then ranks' copies differ)."""
+    """Whether the train op updates `var` from this rank's data (then ranks' copies differ): the
+    value it writes is computed from the input (an EMA of weights, written after the apply,
+    depends on the batch by control only and is the same on every rank)."""
     target = training_graph.storage(var).name
     needed = training_graph.ancestors(train_op)
     for op in needed:
         if op.type in _WRITE_OPS and op.inputs and op.inputs[0].name == target:
-            if any(a.type in _INPUT_OPS for a in training_graph.ancestors(op)):
+            if any(a.type in _INPUT_OPS for a in training_graph.ancestors(op, data_only=True)):
                 return True
     return False
 

@@ -259,15 +259,15 @@ def _check_gradients_are_recorded(training: Training) -> None:
 def _as_operation(op) -> tf.Operation:
     if isinstance(op, tf.Operation):
         return op
-    if isinstance(op, tf.Tensor):
+    if isinstance(getattr(op, "op", None), tf.Operation):   # a tensor, or what assign ops return
         return op.op
     if isinstance(op, (list, tuple)):
         return tf.group(*op)
     raise ModelError(f"train_op is a {type(op).__name__}; pass the tf.Operation your training step runs")
 
 
-def ancestors(op) -> set:
-    """Every op `op` depends on (data and control)."""
+def ancestors(op, data_only: bool = False) -> set:
+    """Every op `op` depends on (data and control, or data only)."""
     seen, stack = set(), [op]
     while stack:
         current = stack.pop()
@@ -275,5 +275,6 @@ def ancestors(op) -> set:
             continue
         seen.add(current)
         stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
+        if not data_only:
+            stack.extend(current.control_inputs)
     return seen

@@ -60,7 +60,7 @@ class DistributedGraph:
     graph: tf.Graph
     loss: tf.Tensor
     mean_loss: tf.Tensor                        # the loss averaged over ranks
-    train_op: tf.Operation
+    train_op: List[tf.Operation]                # the step's targets
     global_step: tf.Tensor                      # read of the one global step
     parts: Dict[str, List[Part]]                # logical name -> its pieces in this graph
     chief_init: List[tf.Operation]              # run once by rank 0: PS state, slots, step

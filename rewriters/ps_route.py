@@ -87,8 +87,9 @@ class PSRoute:
 
     def wait(self, payload_size: int) -> tf.Tensor:
         """Other ranks, after their pushes: rank 0's token for this step (its payload)."""
-        with tf.control_dependencies(self.pushes):
-            return _token_queue(self.topo.rank, payload_size, self.topo).dequeue()
+        queue = _token_queue(self.topo.rank, payload_size, self.topo)
+        with tf.control_dependencies(self.pushes), tf.device(queue.queue_ref.device):
+            return queue.dequeue()
 
     def _pull_bytes(self) -> tf.Tensor:
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,

@@ -57,7 +57,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         _read_step_before_pushing(global_step, needed, set(transform.depends), ps_route.pushes)
     own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
                 rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
-    transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
+    sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
     transform = transform_lib.analyse(training, ancestors(target))
     chief_only = {op for op in ancestors(target) if _writes_ps_variable(op)}
     gradient_ops = set(transform.depends)
@@ -73,6 +73,10 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
         transform_lib.unpack(crossing, token, elsewhere)
         step = _without(target, chief_only, gradient_ops, token.op)
+    if sums is not None:
+        # A collective every rank must submit, needed there or not. As a session target, not
+        # a control input: only used by control, grappler drops it and rank 0 waits forever.
+        step = [step, sums.op]
 
     variables = tf.compat.v1.global_variables()
     on_server = [v for v in variables if "/job:ps" in v.device]
@@ -89,7 +93,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     report, request_checkpoint, report_routes = step_report(training.loss, byte_counts, topo.size)
     return DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0] / topo.size,
-        train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
+        train_op=step if isinstance(step, list) else [step], global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=broadcast, barrier=barrier_op("parallax_barrier"),

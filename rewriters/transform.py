@@ -171,9 +171,11 @@ def feed_global_gradients(transform: Transform, global_grads: Dict[str, object],
 
 
 def sum_sparse_reductions(transform: Transform, reductions: Dict[str, list], own_rows: Dict[str, tf.Tensor],
-                          num_ranks: int, needed: set) -> None:
+                          num_ranks: int, needed: set):
     """Replaces each reduction of a sparse PS variable's rows by the sum over ranks of the same
-    reduction of each rank's own rows (divided by the rank count, as averaging does)."""
+    reduction of each rank's own rows (divided by the rank count, as averaging does). Returns
+    the allreduce (every rank must run it every step, whether or not its transform needs it),
+    or None."""
     import horovod.tensorflow as hvd
     partials, targets = [], []
     for var, found in reductions.items():
@@ -183,11 +185,12 @@ def sum_sparse_reductions(transform: Transform, reductions: Dict[str, list], own
             partials.append(tf.reshape(tf.cast(partial, tf.float64), []))
             targets.append(reduction.outputs[0])
     if not partials:
-        return
+        return None
     stacked = tf.stack(partials)
     total = hvd.allreduce(stacked, op=hvd.Sum, name="parallax_transform_sums") if num_ranks > 1 else stacked
     for i, tensor in enumerate(targets):
-        rewire(tensor, tf.reshape(tf.cast(total[i], tensor.dtype), tf.shape(tensor)), needed)
+        rewire(tensor, tf.reshape(tf.cast(total[i], tensor.dtype), tensor.shape), needed)
+    return total
 
 
 def _copy_chain(reduction: tf.Operation, chain: list, source: tf.Tensor, replacement: tf.Tensor) -> tf.Tensor:

@@ -83,6 +83,54 @@ def test_np_below_one():
         _run_plan_only(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), np=0)
 
 
+def _mixed_parts():
+    loss = cases._mixed_loss()
+    return loss, tf.compat.v1.train.GradientDescentOptimizer(0.1)
+
+
+def test_train_op_without_an_optimizer_apply():
+    def model_fn():
+        loss, _ = _mixed_parts()
+        return ptf.Model(loss=loss, train_op=tf.compat.v1.assign_add(tf.compat.v1.train.get_or_create_global_step(), 1))
+    with pytest.raises(ptf.ModelError, match="runs no optimizer apply: build it with opt.minimize"):
+        _run_plan_only(model_fn, cases.input_fn_for("mixed"))
+
+
+def test_two_optimizers_over_one_variable():
+    def model_fn():
+        loss, sgd = _mixed_parts()
+        adam = tf.compat.v1.train.AdamOptimizer(0.1)
+        return ptf.Model(loss=loss, train_op=tf.group(sgd.minimize(loss), adam.minimize(loss)))
+    with pytest.raises(ptf.ModelError, match=r"variable 'emb' is updated by two optimizer applies \(GradientDescentOptimizer"):
+        _run_plan_only(model_fn, cases.input_fn_for("mixed"))
+
+
+def test_both_optimizer_and_train_op():
+    def model_fn():
+        loss, sgd = _mixed_parts()
+        return ptf.Model(loss=loss, optimizer=sgd, train_op=sgd.minimize(loss))
+    with pytest.raises(ptf.ModelError, match="both an optimizer and a train_op; pass one"):
+        _run_plan_only(model_fn, cases.input_fn_for("mixed"))
+
+
+def test_keras3_model_names_tf_keras_as_the_fix():
+    def model_fn():
+        import keras  # what tf.keras is in TF 2.21
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        loss = tf.reduce_mean(keras.layers.Dense(1)(x))
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    with pytest.raises(ptf.ModelError, match=r"Keras 3 object \(keras\.src\..*Use Keras 2: `pip install tf_keras`"):
+        _run_plan_only(model_fn, lambda ctx: {"x": np.ones([2, 4], np.float32)})
+
+
+def test_transform_that_cannot_be_distributed_names_the_op():
+    proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--case=sign_of_sparse_gradient", "--steps=2"],
+                            launcher="python", timeout=180)
+    assert proc.returncode != 0
+    assert ("ModelError: gradient transform op 'Sign' (Sign) changes the rows of sparse PS variable 'emb' before "
+            "its apply in a way that is not linear") in proc.stderr, launch.tail(proc)
+
+
 # ---- the same mistakes as a user meets them: a script, real ranks, an exit status ----------
 
 def test_missing_placeholder_on_two_ranks_exits_nonzero_with_message():

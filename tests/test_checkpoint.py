@@ -34,6 +34,35 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(strategy):
     _assert_close(second[0], reference.train_single_device("mixed", "adam", 2, steps=6), 1e-4, strategy)
 
 
+def test_resumed_run_continues_the_learning_rate_schedule():
+    """clip_decay: exponential decay on the model's own global step, clipped by global norm."""
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    _train(2, "clip_decay_sgd", out, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=3")
+    reader = tf.train.load_checkpoint(os.path.join(ckpt, "step-3", "model"))
+    names = reader.get_variable_to_shape_map()
+    assert reader.get_tensor("global_step") == 3 and "parallax_global_step" not in names
+    second = _train(3, "clip_decay_sgd", out, "--steps=6", f"--ckpt_dir={ckpt}")
+    assert int(second[0]["start_step"]) == 3 and int(second[0]["global_step"]) == 6
+    want = reference.train_single_device("clip_decay", "sgd", [2, 2, 2, 3, 3, 3], steps=6)
+    _assert_close(second[0], want, 1e-5, "clip_decay resumed")
+
+
+def test_keras_checkpoint_restores_into_the_single_device_keras_model():
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    ranks = _train(2, "keras_bn", out, "--steps=3", f"--ckpt_dir={ckpt}", "--strategy=allreduce")
+    graph = tf.Graph()
+    with graph.as_default():
+        built = cases.build("keras_bn", "sgd")()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(ckpt))
+            assert sess.run(tf.compat.v1.train.get_global_step()) == 3
+            variables = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+    for name in ranks[0].files:
+        if name.startswith("var:"):
+            np.testing.assert_array_equal(variables[name[4:]], ranks[0][name])
+    assert {"sequential/bn_mid/moving_mean", "sequential/bn_mid/moving_variance"} <= {n[4:] for n in ranks[0].files}
+
+
 def test_resume_on_a_different_number_of_ranks():
     ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
     _train(2, "mixed_momentum", out, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=1", "--ckpt_keep=2")

@@ -75,3 +75,15 @@ def test_hybrid_under_mpirun_matches_single_device():
 @pytest.mark.parametrize("name", [c[0] for c in cases.CASES])
 def test_auto_strategy_matches_single_device(name):
     _check_case(job_output("auto", 2), name, 2)
+
+
+@pytest.mark.parametrize("strategy,size", [("hybrid", 2), ("ps", 3), ("allreduce", 3)])
+@pytest.mark.parametrize("name,moving_mean", [("bn", "bn/moving_mean"), ("keras_bn", "sequential/bn_in/moving_mean")])
+def test_moving_mean_of_the_input_equals_single_device(strategy, size, name, moving_mean):
+    """A batch norm on the input averages each rank's batch means; the mean over ranks of the
+    ranks' moving means is then exactly single-device training's on the concatenated batch."""
+    _, model, optimizer, _ = cases.CASE_BY_NAME[name]
+    got = np.load(os.path.join(job_output(strategy, size), f"{name}.rank0.npz"))[f"var:{moving_mean}"]
+    want = reference.train_single_device(model, optimizer, size)[moving_mean]
+    assert reference.relative_error(got, want) <= 1e-5
+    assert reference.relative_error(want, np.zeros_like(want)) > 0.1     # it moved

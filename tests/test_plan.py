@@ -102,6 +102,50 @@ def test_lm_plan_only_puts_embedding_and_softmax_on_sharded_ps():
     proc = launch.run_ranks(1, ["-m", "models.lm", "--plan_only", "--np=2"], launcher="python", timeout=180)
     assert proc.returncode == 0, launch.tail(proc)
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line[:1].isalpha()}
-    for sparse in ("embedding", "softmax_w"):
-        assert rows[sparse][3:7] == ["sparse", "embedding", "ps", "2"], rows[sparse]
-    assert rows["lstm/kernel"][3:6] == ["dense", "fully_connected", "allreduce"]
+    assert rows["embedding"][3:7] == ["sparse", "embedding", "ps", "2"], rows["embedding"]
+    assert rows["softmax_w"][3:7] == ["sparse", "softmax", "ps", "2"], rows["softmax_w"]
+    assert rows["lstm/kernel"][3:6] == ["dense", "recurrent", "allreduce"]
+
+
+def test_layer_kinds_of_an_unrolled_lm():
+    """A weight reused step after step is recurrent; gathered output-layer weights are softmax."""
+    import models.lm as lm
+    got = capture(lm.make_model_fn(vocab=500), lm.make_input_fn(vocab=500), RunContext(), seed=0)
+    assert {v.name: v.layer for v in got.variables} == {
+        "embedding": "embedding", "lstm/kernel": "recurrent", "lstm/bias": "recurrent",
+        "softmax_w": "softmax", "softmax_b": "softmax"}
+
+
+def test_layer_kinds_from_tf_keras_layer_types():
+    import tf_keras
+
+    def model_fn():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 8, 8, 3], name="images")
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 5], name="ids")
+        conv = tf_keras.Sequential([tf_keras.layers.Conv2D(4, 3), tf_keras.layers.BatchNormalization(),
+                                    tf_keras.layers.Flatten(), tf_keras.layers.Dense(3)])
+        text = tf_keras.Sequential([tf_keras.layers.Embedding(20, 4), tf_keras.layers.LSTM(3)])
+        loss = tf.reduce_mean(conv(images, training=True)) + tf.reduce_mean(text(ids))
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    feeds = lambda ctx: {"images": np.ones([2, 8, 8, 3], np.float32), "ids": np.ones([2, 5], np.int64)}  # noqa: E731
+    got = capture(model_fn, feeds, RunContext(), seed=0)
+    layers = {v.name.split("sequential/", 1)[-1]: v.layer for v in got.variables}
+    assert layers == {"conv2d/kernel": "conv", "conv2d/bias": "conv", "batch_normalization/gamma": "norm",
+                      "batch_normalization/beta": "norm", "dense/kernel": "fully_connected",
+                      "dense/bias": "fully_connected", "embedding/embeddings": "embedding",
+                      "lstm/lstm_cell/kernel": "recurrent", "lstm/lstm_cell/recurrent_kernel": "recurrent",
+                      "lstm/lstm_cell/bias": "recurrent"}
+    state = {s.name.split("sequential/", 1)[-1]: (s.layer, s.per_rank) for s in got.state}
+    assert state == {"batch_normalization/moving_mean": ("norm", True),
+                     "batch_normalization/moving_variance": ("norm", True)}
+
+
+def test_model_state_and_global_step_in_the_plan():
+    got = _capture("ema", "adagrad")
+    assert got.global_step == "global_step"
+    assert {s.name: s.per_rank for s in got.state} == {f"{v}/ExponentialMovingAverage": False for v in ("emb", "w", "b")}
+    plan = make_plan(_capture("bn", "momentum"), "hybrid", 2, 1)
+    local = {v.name: (v.route, v.params["combine"]) for v in plan.variables if v.route == "local"}
+    assert local == {"bn/moving_mean": ("local", "mean"), "bn/moving_variance": ("local", "mean")}
+    assert plan.global_step == "global_step" and "global_step=global_step" in plan.table()
+    assert ptf.Plan.from_json(plan.to_json()) == plan

@@ -8,6 +8,7 @@ py="$venv/bin/python"
 stamp_dir="$venv/.parallax_setup"
 HOROVOD_VERSION=0.28.1
 TF_VERSION=2.21.*
+TF_KERAS_VERSION=2.21.0
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -36,6 +37,12 @@ if [ ! -f "$stamp_dir/pip.done" ]; then
 fi
 if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then   # tools.bench plots (added later)
   "$py" -m pip install -q matplotlib
+fi
+# tf_keras (Keras 2) for graph-mode Keras models: its wheel requires `tensorflow`, which would pull
+# a second TF next to tensorflow-cpu, so it goes in without dependencies, pinned to the TF version.
+if ! "$py" -c "import tf_keras" >/dev/null 2>&1; then
+  log "installing tf_keras $TF_KERAS_VERSION (no dependencies)"
+  "$py" -m pip install -q --no-deps "tf_keras==$TF_KERAS_VERSION"
 fi
 
 # 3. Horovod from its sdist, patched for TF 2.21 (see BUILD.md).

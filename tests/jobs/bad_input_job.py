@@ -20,6 +20,13 @@ def main(argv):
     input_fn = cases.input_fn_for("mixed")
     if FLAGS.case == "missing_placeholder":
         input_fn = lambda ctx: {"ids": cases.batch("mixed", ctx.rank, ctx.step)["ids"]}  # no labels
+    if FLAGS.case == "sign_of_sparse_gradient":    # signSGD on the embedding: not linear in the rows
+        def model_fn():
+            loss = cases._mixed_loss()
+            opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+            pairs = [(tf.IndexedSlices(tf.sign(g.values), g.indices, g.dense_shape)
+                      if isinstance(g, tf.IndexedSlices) else g, v) for g, v in opt.compute_gradients(loss)]
+            return ptf.Model(loss=loss, train_op=opt.apply_gradients(pairs))
     if FLAGS.die_at_step >= 0:
         inner = input_fn
 
