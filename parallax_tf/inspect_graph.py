@@ -24,7 +24,7 @@ _GATHER_OPS = {"Gather", "GatherV2", "ResourceGather"}
 _NORM_OPS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "BatchNormWithGlobalNormalization"}
 _PASS_THROUGH = {"Identity", "ReadVariableOp", "Cast", "Enter", "Switch", "Merge", "Reshape",
                  "ConcatV2", "Split", "SplitV", "Transpose"}
-_WRITE_OPS = {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+WRITE_OPS = {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
               "AssignSubVariableOp", "ScatterUpdate", "ScatterAdd", "ScatterSub", "ScatterMul",
               "ScatterDiv", "ScatterNdUpdate", "ScatterNdAdd", "ResourceScatterUpdate",
               "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul",
@@ -176,7 +176,7 @@ def _reads_the_batch(var, train_op) -> bool:
     target = training_graph.storage(var).name
     needed = training_graph.ancestors(train_op)
     for op in needed:
-        if op.type in _WRITE_OPS and op.inputs and op.inputs[0].name == target:
+        if op.type in WRITE_OPS and op.inputs and op.inputs[0].name == target:
             if any(a.type in _INPUT_OPS for a in training_graph.ancestors(op, data_only=True)):
                 return True
     return False
@@ -235,7 +235,7 @@ def _check_no_outside_writes(graph, trainable, optimizer_ops: set) -> None:
     targets = {_storage(v).name: v for v in trainable}
     initializers = {v.initializer.name for v in trainable}
     for op in graph.get_operations():
-        if op.type in _WRITE_OPS and op.name not in initializers and op.name not in optimizer_ops and op.inputs:
+        if op.type in WRITE_OPS and op.name not in initializers and op.name not in optimizer_ops and op.inputs:
             var = targets.get(op.inputs[0].name)
             if var is not None:
                 raise ModelError(f"variable {logical_name(var)!r} is changed outside the optimizer by op "

@@ -15,13 +15,14 @@ from typing import Dict, Sequence
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
+from parallax_tf.inspect_graph import WRITE_OPS
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from rewriters.common import BuildRequest, DistributedGraph, ancestors, barrier_op, rebuild, step_report
 from rewriters.ps_route import PSRoute
 
-_READS = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp", "VariableShape"}
+_APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
 
 
 def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str) -> DistributedGraph:
@@ -106,7 +107,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
 
 def _writes_ps_variable(op) -> bool:
     """An op that changes a variable on a parameter server: only rank 0 runs it."""
-    if op.type in _READS:
+    if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
         return False
     for tensor in op.inputs:
         if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:

@@ -47,6 +47,8 @@ def test_tensorboard_events_and_timelines():
     # rank 0 serves this host's PS shards in its own process: its PS traffic crosses no process
     for tag in ("bytes_per_step/ps_push", "bytes_per_step/ps_pull"):
         assert [v for _, v in scalars[tag]] == [0.0] * 6, tag
+    # ...while the cluster's, summed over ranks in the step's report, show rank 1's pulls
+    assert all(v > 0 for _, v in scalars["cluster_bytes_per_step/ps_pull"]), scalars["cluster_bytes_per_step/ps_pull"]
     losses = np.load(os.path.join(out, "mixed_adam.rank0.npz"))["losses"]
     assert abs(scalars["loss"][0][1] - losses[0]) < 5    # a mean over ranks, near rank 0's own
     events = json.load(open(trace))["traceEvents"]
@@ -61,15 +63,15 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise():
         def isatty(self):
             return True
     stats = StepStats()
-    for _ in range(3):
-        stats.add(0.5, {"ps_push": 2048}, examples=8)
+    for _ in range(3):     # rank 0's own bytes, and the whole cluster's from the step's report
+        stats.add(0.5, {"ps_push": 2048}, examples=8, cluster_moved={"ps_push": 4096, "allreduce": 0})
     term, plain = Terminal(), io.StringIO()
     for stream in (term, plain):
         progress = Progress(total=4, every=2, stream=stream)
         for step in (1, 2, 3):
             progress.after_step(step, 1.25, stats)
     assert plain.getvalue().splitlines() == [
-        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step ps_push=2.0KB"]
+        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step (all ranks) ps_push=4.0KB"]
     assert "\r\x1b[2K[#######" in term.getvalue() and "step 3/4 loss 1.2500" in term.getvalue()
 
 

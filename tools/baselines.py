@@ -51,13 +51,20 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps):
             "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
 
 
+def _with_optimizer(model, baseline: str):
+    if model.optimizer is None:
+        raise SystemExit(f"the {baseline} baseline wraps the model's optimizer and needs "
+                         "Model(loss=, optimizer=); this model returns its own train_op")
+    return model
+
+
 def _single(model_fn, input_fn, steps, seed):
     graph = tf.Graph()
     ctx = RunContext()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
         model = call_model_fn(model_fn, ctx)
-        train = model.optimizer.minimize(model.loss)
+        train = model.train_op if model.train_op is not None else model.optimizer.minimize(model.loss)
         sess = tf.compat.v1.Session(graph=graph)
         sess.run(tf.compat.v1.global_variables_initializer())
     return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
@@ -68,7 +75,7 @@ def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
-        model = call_model_fn(model_fn, ctx)
+        model = _with_optimizer(call_model_fn(model_fn, ctx), "horovod")
         optimizer = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense)
         train = optimizer.minimize(model.loss)
         broadcast = hvd.broadcast_global_variables(0)
@@ -88,7 +95,7 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
             ps_tasks=num_ps, worker_device=f"/job:worker/task:{ctx.rank}", cluster=cluster.spec,
             ps_strategy=GreedyByBytes(num_ps))
         with tf.compat.v1.device(setter):   # TF2 tf.device takes no device functions
-            model = call_model_fn(model_fn, ctx)
+            model = _with_optimizer(call_model_fn(model_fn, ctx), "tf_ps")
             global_step = tf.compat.v1.train.get_or_create_global_step()
             optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                 model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
