@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import parallax_tf as ptf  # before TF (keeps its import-time logs quiet); registers --steps, --np, ...
 import tensorflow as tf
 from absl import app, flags
 
-import parallax_tf as ptf   # also registers the toolkit's flags (--steps, --np, --seed, ...)
 from models import data, run_and_report
 
 flags.DEFINE_integer("cnn_image_size", 16, "Height and width of the generated images.")

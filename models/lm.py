@@ -9,10 +9,10 @@ gradients and the hybrid plan puts them on parameter servers. Dense: the LSTM ke
 """
 from __future__ import annotations
 
+import parallax_tf as ptf  # before TF (keeps its import-time logs quiet); registers --steps, --np, ...
 import tensorflow as tf
 from absl import app, flags
 
-import parallax_tf as ptf   # also registers the toolkit's flags (--steps, --np, --seed, ...)
 from models import data, run_and_report
 
 flags.DEFINE_integer("lm_vocab", 50000, "Vocabulary size.")

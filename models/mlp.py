@@ -6,10 +6,10 @@ small embedding so one variable has a sparse gradient (vocab=0 drops it).
 from __future__ import annotations
 
 import numpy as np
+import parallax_tf as ptf  # before TF (keeps its import-time logs quiet); registers --steps, --np, ...
 import tensorflow as tf
 from absl import app, flags
 
-import parallax_tf as ptf   # also registers the toolkit's flags (--steps, --np, --seed, ...)
 from models import data, run_and_report
 
 OPTIMIZERS = {

@@ -2,10 +2,15 @@
 
     result = parallax_tf.run(model_fn, input_fn, steps=100, strategy="hybrid")
 """
-from parallax_tf.api import run
-from parallax_tf.errors import ClusterError, ConfigError, InputError, ModelError, ParallaxError
-from parallax_tf.model import Model, Result, RunContext
-from parallax_tf.plan import Plan, Shard, VariablePlan
+import sys as _sys
+
+from parallax_tf.runtime.quiet import prefer_quiet_tensorflow as _prefer_quiet_tensorflow
+
+_prefer_quiet_tensorflow(_sys.argv)   # only helps when parallax_tf is imported before TensorFlow
+from parallax_tf.api import run  # noqa: E402
+from parallax_tf.errors import ClusterError, ConfigError, InputError, ModelError, ParallaxError  # noqa: E402
+from parallax_tf.model import Model, Result, RunContext  # noqa: E402
+from parallax_tf.plan import Plan, Shard, VariablePlan  # noqa: E402
 
 __all__ = ["run", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan", "ParallaxError",
            "ModelError", "InputError", "ConfigError", "ClusterError"]

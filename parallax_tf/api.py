@@ -19,7 +19,7 @@ from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, ROUTE_PS, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
-from parallax_tf.runtime import launch, session
+from parallax_tf.runtime import launch, quiet, session
 from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
@@ -35,14 +35,15 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     arguments override the flags. Outside any launcher with np > 1 this process launches the
     ranks, waits for them and exits with their status."""
     opts = ptf_flags.resolve(steps=steps, **options)
+    quiet.apply(opts.verbose)
     if opts.plan_only:
         return _plan_only(model_fn, input_fn, opts)
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
-        sys.exit(launch.launch_local(opts.np, opts.timeout_s))
+        sys.exit(launch.launch_local(opts.np, opts.timeout_s, opts.verbose))
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
-    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port)
+    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose)
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "

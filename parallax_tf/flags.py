@@ -36,6 +36,7 @@ flags.DEFINE_string("timeline_file", None, "Chrome trace of the --timeline_steps
 flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline_file.")
 flags.DEFINE_string("link_bandwidth", None, "Per-host link rate --strategy=auto plans for (e.g. 10gbit; "
                     "default: what tools.cluster emulates, else 10gbit).")
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
 flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
                     "what tools.cluster emulates, else 0.05ms).")
 
@@ -63,6 +64,7 @@ class Options:
     timeline_steps: list
     link_bandwidth: Optional[str]
     link_delay: Optional[str]
+    verbose: bool
 
 
 def resolve(**overrides) -> Options:

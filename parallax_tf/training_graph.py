@@ -204,6 +204,8 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
     with recorder.recording():
         model = call_model_fn(model_fn, ctx)
         train_op = model.train_op
+        if not tf.compat.v1.trainable_variables():
+            raise ModelError("model_fn created no trainable variables: there is nothing to train")
         if train_op is None:
             updates = list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
             for layer in recorder.keras_layer_objects:

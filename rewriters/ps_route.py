@@ -50,6 +50,8 @@ class PSRoute:
                 if local_agg:
                     host_acc = _accumulator(var, grad, f"{shared}_host{topo.host}", f"/job:ps/task:{topo.host}")
                     push = _push(host_acc, grad, step)
+                    if topo.local_rank != 0:    # the host's server lives in local rank 0's process
+                        push_bytes.append(tensor_bytes(grad))
                     if topo.local_rank == 0:
                         with tf.control_dependencies([push]):
                             host_sum = _take(host_acc, grad, topo.local_size)

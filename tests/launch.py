@@ -23,7 +23,8 @@ def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, 
                    "-x", "PYTHONPATH", "-x", "PATH", PYTHON, *argv]
     else:
         command = [PYTHON, *argv]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+                    PARALLAX_PRINT_ADDRESSES="1")
     if preload:
         full_env = bind.preload_env(full_env)
     full_env.update(env or {})

@@ -45,7 +45,7 @@ class Cluster:
 _CLUSTER: Optional[Cluster] = None
 
 
-def start_cluster(bind_address: Optional[str], base_port: Optional[int]) -> Cluster:
+def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False) -> Cluster:
     """Starts this rank's servers once per process; later runs in the process reuse them."""
     global _CLUSTER
     if _CLUSTER is not None:
@@ -76,8 +76,9 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int]) -> Clus
     worker = _server(spec, "worker", hvd.rank(), mine["worker"])
     ps_server = _server(spec, "ps", hosts.index(host_name), mine["ps"]) if mine["ps"] else None
     hvd.allgather_object(True)  # every server is up before anyone opens a session
-    print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
-          + (f", ps {mine['ps']}" if mine["ps"] else ""), file=sys.stderr, flush=True)
+    if verbose or os.environ.get("PARALLAX_PRINT_ADDRESSES") == "1":   # tests read the ports from it
+        print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
+              + (f", ps {mine['ps']}" if mine["ps"] else ""), file=sys.stderr, flush=True)
     _CLUSTER = Cluster(topology, spec, worker, ps_server)
     return _CLUSTER
 

@@ -7,16 +7,16 @@ import signal
 import subprocess
 import sys
 
-from parallax_tf.runtime import bind
+from parallax_tf.runtime import bind, quiet
 
 
-def launch_local(num_ranks: int, start_timeout_s: int) -> int:
+def launch_local(num_ranks: int, start_timeout_s: int, verbose: bool = False) -> int:
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
     argv = list(sys.orig_argv[1:])
     command = [sys.executable, "-m", "horovod.runner.launch", "-np", str(num_ranks),
                "-H", f"localhost:{num_ranks}", "--gloo", "--start-timeout", str(start_timeout_s),
                sys.executable, *argv]
-    env = bind.preload_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     # The ranks run in their own session: a SIGTERM to this process must reach them too, or
     # they outlive it. horovodrun stops its ranks on SIGTERM; its exit status is returned.
