@@ -10,13 +10,12 @@ checkpoint and handing back results all go through here.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
 
-GLOBAL_STEP_KEY = "parallax_global_step"
+from parallax_tf.inspect_graph import logical_name
 
 
 def split(whole: np.ndarray, row_ranges: List[tuple], layout: str) -> List[np.ndarray]:
@@ -82,15 +81,10 @@ def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
         others = [v for v in tf.compat.v1.global_variables() if v.name not in covered]
     for var in sorted(others, key=lambda v: _offset(v)):
         rows = int(var.shape[0]) if var.shape.rank else 1
-        entry = entries.setdefault(_logical_name(var), Entry([[]]))
+        entry = entries.setdefault(logical_name(var), Entry([[]]))
         start = entry.copies[0][-1].row_end if entry.copies[0] else 0
         entry.copies[0].append(Part(var, start, start + rows))
     return entries
-
-
-def _logical_name(var) -> str:
-    info = var._get_save_slice_info()
-    return info.full_name if info is not None else var.op.name
 
 
 def _offset(var) -> int:
