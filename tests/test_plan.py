@@ -149,3 +149,15 @@ def test_model_state_and_global_step_in_the_plan():
     assert local == {"bn/moving_mean": ("local", "mean"), "bn/moving_variance": ("local", "mean")}
     assert plan.global_step == "global_step" and "global_step=global_step" in plan.table()
     assert ptf.Plan.from_json(plan.to_json()) == plan
+
+
+def test_keras_cnn_reference_model_plans_batch_norm_state():
+    proc = launch.run_ranks(1, ["-m", "models.cnn", "--cnn_keras", "--plan_only", "--np=2", "--cnn_fc_units=64,64"],
+                            launcher="python", timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("cnn/")}
+    assert rows["cnn/conv1_1/kernel"][3:6] == ["dense", "conv", "allreduce"]
+    assert rows["cnn/bn1_1/gamma"][3:6] == ["dense", "norm", "allreduce"]
+    assert rows["cnn/fc1/kernel"][3:6] == ["dense", "fully_connected", "allreduce"]
+    assert rows["cnn/bn2_2/moving_mean"][3:7] == ["none", "norm", "local", "mean"]
+    assert "global_step=global_step" in proc.stdout
