@@ -23,7 +23,7 @@ def _run(args, timeout=600):
 
 
 def test_two_emulated_hosts_train_and_are_torn_down():
-    proc = _run(["tools.cluster", "--hosts=2", "--", sys.executable, "-m", "models.mlp", "--steps=3"])
+    proc = _run(["tools.cluster", "--hosts=2", "--", sys.executable, "-m", "models.mlp", "--steps=3", "--verbose"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     if not netns.have_root():        # the documented fallback: loopback, said plainly
         assert "emulated hosts need root" in proc.stderr
