@@ -16,7 +16,7 @@ from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
-from parallax_tf.plan import Plan, ROUTE_LOCAL, ROUTE_PS, human_bytes
+from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, quiet, session
@@ -69,13 +69,14 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
         dgraph = REWRITERS[opts.strategy](request)
-        state_io = StateIO(collect_state(dgraph, {v.name: v.layout for v in plan.variables}),
+        state_io = StateIO(collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables}),
                            averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size)
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
-    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, bool(plan.on_route(ROUTE_PS)))
+    uses_servers = any("/job:ps" in op.device for op in graph.get_operations())
+    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, uses_servers)
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
@@ -161,7 +162,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          int(opts.partition_threshold_mb * 2**20), opts.local_aggregation,
-                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)))
+                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.slim())
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -172,7 +173,8 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, time_compute=opts.strategy == "auto")
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
-                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks))
+                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks),
+                     opts.slim())
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)

@@ -39,6 +39,13 @@ flags.DEFINE_string("link_bandwidth", None, "Per-host link rate --strategy=auto 
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
 flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
                     "what tools.cluster emulates, else 0.05ms).")
+flags.DEFINE_float("slim_core", 0.1, "slim_dp: fraction of each dense variable in the core (significant) set.")
+flags.DEFINE_float("slim_explore", 0.02, "slim_dp: fraction of each dense variable explored per round.")
+flags.DEFINE_integer("slim_refresh", 10, "slim_dp: rounds between core-set refreshes.")
+flags.DEFINE_integer("slim_period", 1, "slim_dp: local steps per communication round.")
+flags.DEFINE_float("slim_lambda", 1.0, "slim_dp: weight of the last aggregated update in the significance score.")
+flags.DEFINE_bool("slim_error_feedback", False, "slim_dp: keep the unsent part of a rank's accumulated "
+                  "gradient and add it to the next round's.")
 
 
 @dataclasses.dataclass
@@ -65,6 +72,17 @@ class Options:
     link_bandwidth: Optional[str]
     link_delay: Optional[str]
     verbose: bool
+    slim_core: float
+    slim_explore: float
+    slim_refresh: int
+    slim_period: int
+    slim_lambda: float
+    slim_error_feedback: bool
+
+    def slim(self) -> dict:
+        """The Slim-DP options as the plan stores them."""
+        return {"core": self.slim_core, "explore": self.slim_explore, "refresh": self.slim_refresh,
+                "period": self.slim_period, "lambda": self.slim_lambda, "error_feedback": self.slim_error_feedback}
 
 
 def resolve(**overrides) -> Options:
@@ -92,4 +110,10 @@ def resolve(**overrides) -> Options:
         raise ConfigError("--ckpt_every and --ckpt_secs must be >= 0 and --ckpt_keep >= 1")
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
+    if not (0.0 <= options.slim_core <= 1.0 and 0.0 <= options.slim_explore <= 1.0
+            and options.slim_core + options.slim_explore <= 1.0):
+        raise ConfigError(f"--slim_core ({options.slim_core}) and --slim_explore ({options.slim_explore}) are "
+                          "fractions of each variable: each in [0, 1], and together at most 1")
+    if options.slim_period < 1 or options.slim_refresh < 1 or options.slim_lambda < 0:
+        raise ConfigError("--slim_period and --slim_refresh must be >= 1 and --slim_lambda >= 0")
     return options

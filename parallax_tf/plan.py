@@ -5,6 +5,9 @@ only then applied by a rewriter. Routes are named so later techniques add kinds 
 changing the ones here:
   "ps"         variable sharded over parameter servers, synchronous aggregation (Parallax)
   "allreduce"  variable replicated on every rank, gradients averaged by Horovod
+  "significant" Slim-DP: a global copy on the PS (flat, split into shards of elements), a local
+               replica on every rank; each round only the significant + explored coordinates
+               are pushed, averaged, applied and pulled (params: the slim_* options)
   "local"      model state that is not trained (batch-norm statistics, EMAs, counters): a copy
                on every rank, updated by the model's own ops; params["combine"] says how the
                copies are combined when read ("mean" over ranks, or "rank0")
@@ -12,7 +15,6 @@ Reserved for the techniques to come (a rewriter must reject a kind it does not i
   "fc_node"    compute and variables on a dedicated FC node (Stanza)
   "stage"      pipeline stage with layer-wise staleness (DSP)
   "async_ps"   eager pull, staleness-scaled learning rate (PS+)
-  "significant" significant + explored subset sync (Slim-DP)
 """
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ from typing import Dict, List, Optional
 ROUTE_PS = "ps"
 ROUTE_ALLREDUCE = "allreduce"
 ROUTE_LOCAL = "local"
-KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, "fc_node", "stage", "async_ps", "significant")
+ROUTE_SIGNIFICANT = "significant"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, "fc_node", "stage", "async_ps")
 
 
 @dataclasses.dataclass
 class Shard:
-    """Rows [row_start, row_end) of a PS variable, stored on parameter server `server`."""
+    """Rows [row_start, row_end) of a PS variable, stored on parameter server `server` (for
+    layout "flat", elements of the flattened variable)."""
     name: str          # variable name of the shard in the distributed graph
     row_start: int
     row_end: int
@@ -48,8 +52,9 @@ class VariablePlan:
     bytes_per_step: int             # estimated bytes one rank moves for it per step
     shards: List[Shard] = dataclasses.field(default_factory=list)
     user_partitioned: bool = False  # the model itself partitioned it (fixed_size_partitioner)
-    layout: str = "div"             # rows on shards: "div" contiguous, "mod" strided; the
-                                    # rewriter sets it from how the lookups read the shards
+    layout: str = "div"             # rows on shards: "div" contiguous, "mod" strided (the
+                                    # rewriter sets it from how the lookups read the shards);
+                                    # "flat": shards hold element ranges of the flattened value
     fusion_group: Optional[int] = None  # AllReduce: tensors of one group go in one fused call
     # Parameters of the route, for later techniques (stage index, staleness, FC node, ...).
     params: Dict[str, object] = dataclasses.field(default_factory=dict)
@@ -98,7 +103,7 @@ class Plan:
         header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
         rows = [header]
         for v in self.variables:
-            shards = str(v.partitions) if v.route == ROUTE_PS else ("mean" if v.params.get("combine") == "mean"
+            shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT) else ("mean" if v.params.get("combine") == "mean"
                                                                       and v.route == ROUTE_LOCAL else "-")
             if v.route == ROUTE_PS and v.user_partitioned:
                 shards += " (user)"

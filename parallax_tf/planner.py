@@ -6,16 +6,20 @@ from typing import List, Optional
 
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, Plan, Shard, VariablePlan
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT, Plan, Shard, VariablePlan
 
-STRATEGIES = ("hybrid", "ps", "allreduce", "auto")
+STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
+# A significant-route variable with at least this many elements has its global copy split over
+# every server: each host's link then carries 1/H of the round's traffic, not all of it on one.
+SPLIT_ELEMENTS = 1 << 16
 
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
               partitions: Optional[int] = None, partition_threshold_bytes: int = 8 * 2**20,
-              local_aggregation: bool = True, cost_cluster=None) -> Plan:
-    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for."""
+              local_aggregation: bool = True, cost_cluster=None, slim: Optional[dict] = None) -> Plan:
+    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for; `slim` holds
+    the Slim-DP options (core, explore, period, refresh, lambda, error_feedback)."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if partitions is not None and partitions < 1:
@@ -34,6 +38,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         if route == ROUTE_PS:
             forced = partitions if partitions is not None else count
             _shard(entry, info, forced, partition_threshold_bytes, num_hosts, server_load)
+        elif route == ROUTE_SIGNIFICANT:
+            _split_elements(entry, info, num_hosts, server_load, slim or {})
         entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
         entries.append(entry)
     _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
@@ -70,6 +76,9 @@ def _auto_choices(capture: Capture, cluster):
 
 
 def _route(strategy: str, info: VariableInfo):
+    if strategy == "slim_dp" and info.gradient == "dense":
+        return ROUTE_SIGNIFICANT, ("dense gradient, strategy slim_dp: a local replica per rank; each round "
+                                   "only the significant + explored coordinates are synchronised on the PS")
     if strategy == "ps":
         return ROUTE_PS, "strategy ps: every variable on parameter servers"
     if strategy == "allreduce":
@@ -99,6 +108,25 @@ def _shard(entry: VariablePlan, info: VariableInfo, partitions, threshold, num_h
         load[server] += rows * info.row_bytes
         entry.shards.append(Shard(name=name, row_start=start, row_end=start + rows, server=server))
         start += rows
+
+
+def _split_elements(entry: VariablePlan, info: VariableInfo, num_hosts: int, load, slim: dict) -> None:
+    """The global copy of a significant-route variable: its flattened elements in contiguous
+    ranges, one per server for large variables, each with its own core set."""
+    elements = max(1, math.prod(info.shape))
+    count = num_hosts if elements >= SPLIT_ELEMENTS else 1
+    sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
+    start = 0
+    for i, size in enumerate(sizes):
+        server = min(range(num_hosts), key=lambda s: (load[s], s))
+        load[server] += size * (info.bytes // elements)
+        entry.shards.append(Shard(name=f"{info.name}/parallax_global/part_{i}", row_start=start,
+                                  row_end=start + size, server=server))
+        start += size
+    entry.layout = "flat"
+    entry.params.update(slim)
+    if count > 1:
+        entry.reason += f"; global copy split over {count} servers"
 
 
 def _partition_count(info: VariableInfo, partitions, threshold, num_hosts, entry) -> int:
@@ -132,6 +160,10 @@ def estimate_bytes_per_step(entry: VariablePlan, info: VariableInfo, num_ranks: 
         return (num_ranks - 1) * touched                 # allgather: everyone's rows arrive
     if entry.route == ROUTE_PS:
         return 2 * info.bytes                            # push gradient, pull variable
+    if entry.route == ROUTE_SIGNIFICANT:                 # push + pull the selected values per round
+        params = entry.params
+        chosen = params.get("core", 1.0) + params.get("explore", 0.0)
+        return int(2 * chosen * info.bytes / max(1, params.get("period", 1)))
     return int(2 * (num_ranks - 1) / num_ranks * info.bytes)
 
 

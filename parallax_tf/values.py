@@ -4,13 +4,13 @@ Every piece of training state gets the key a plain single-device `tf.compat.v1.t
 would give it: "emb" for a (possibly sharded) variable, "emb/Adagrad" for its slot,
 "beta1_power" for an optimizer's non-slot variable. Values are whole: split into shards on
 the way in and merged on the way out following each variable's layout ("div": contiguous
-rows, "mod": row i on shard i % P). Starting from single-device initial values, restoring a
+rows, "mod": row i on shard i % P, "flat": contiguous ranges of the flattened elements). Starting from single-device initial values, restoring a
 checkpoint and handing back results all go through here.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +19,9 @@ from parallax_tf.inspect_graph import logical_name
 
 
 def split(whole: np.ndarray, row_ranges: List[tuple], layout: str) -> List[np.ndarray]:
+    if layout == "flat":
+        flat = whole.reshape(-1)
+        return [flat[start:end] for start, end in row_ranges]
     if len(row_ranges) == 1:
         return [whole]
     if layout == "mod":
@@ -26,7 +29,9 @@ def split(whole: np.ndarray, row_ranges: List[tuple], layout: str) -> List[np.nd
     return [whole[start:end] for start, end in row_ranges]
 
 
-def merge(pieces: List[np.ndarray], layout: str) -> np.ndarray:
+def merge(pieces: List[np.ndarray], layout: str, shape=None) -> np.ndarray:
+    if layout == "flat":
+        return np.concatenate([p.reshape(-1) for p in pieces]).reshape(shape)
     if len(pieces) == 1:
         return pieces[0]
     if layout != "mod":
@@ -52,16 +57,24 @@ class Entry:
     each a list of parts that together make the whole value."""
     copies: List[List[Part]]
     layout: str = "div"
+    shape: Optional[List[int]] = None    # the whole value's shape (needed by layout "flat")
 
 
-def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
+def collect_state(dgraph, layouts: Dict[str, Tuple[str, list]]) -> Dict[str, Entry]:
     """Every variable of a distributed graph under its single-device name: model variables
     (whole over their shards), optimizer slots (likewise), and everything else the model and its
-    optimizers keep (beta powers, batch-norm statistics, EMAs, the global step)."""
+    optimizers keep (beta powers, batch-norm statistics, EMAs, the global step). `layouts` maps
+    a variable to its plan layout and shape. The graph's working copies (a strategy's local
+    replicas of saved values, its scratch) are not state."""
     entries: Dict[str, Entry] = {}
-    owner, covered = {}, set()
+    owner, covered = {}, set(dgraph.working_copies)
+
+    def new_entry(name, parts):
+        layout, shape = layouts.get(name, ("div", None))
+        return Entry([parts], layout, shape)
+
     for name, parts in dgraph.parts.items():
-        entries[name] = Entry([list(parts)], layouts.get(name, "div"))
+        entries[name] = new_entry(name, list(parts))
         for p in parts:
             owner[p.variable.name] = (name, p)
             covered.add(p.variable.name)
@@ -73,7 +86,7 @@ def collect_state(dgraph, layouts: Dict[str, str]) -> Dict[str, Entry]:
                 if slot is None:
                     continue
                 suffix = slot.op.name[len(var.op.name) + 1:]   # "Adagrad", "Adam_1", ...
-                entry = entries.setdefault(f"{name}/{suffix}", Entry([[]], layouts.get(name, "div")))
+                entry = entries.setdefault(f"{name}/{suffix}", new_entry(name, []))
                 entry.copies[0].append(Part(slot, part.row_start, part.row_end))
                 entry.copies[0].sort(key=lambda piece: piece.row_start)
                 covered.add(slot.name)
@@ -143,5 +156,5 @@ class StateIO:
         keys = list(self.entries) if keys is None else keys
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
         raw = sess.run({name: self._read[name] for name in wanted})
-        return {k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout)
-                for k in keys}
+        return {k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout,
+                         self.entries[k].shape) for k in keys}

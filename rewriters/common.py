@@ -76,6 +76,10 @@ class DistributedGraph:
     report: tf.Tensor = None
     report_routes: List[str] = dataclasses.field(default_factory=list)
     checkpoint_request: tf.Tensor = None        # placeholder (default 0): rank 0 asks for a checkpoint
+    # Work a strategy runs after some steps (a communication round): step -> (extra targets run
+    # in the same session run as that step's, after them; their feeds).
+    scheduled: Callable[[int], tuple] = lambda step: ([], {})
+    working_copies: set = dataclasses.field(default_factory=set)   # variable names that are not state
 
 
 @dataclasses.dataclass
@@ -216,7 +220,7 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
     out = {}
     for name, variables in parts.items():
         entry = entries.get(name)
-        if entry is not None and entry.shards:
+        if entry is not None and entry.shards and entry.route == ROUTE_PS:
             by_name = {v.op.name: v for v in variables}
             out[name] = [Part(by_name[s.name], s.row_start, s.row_end) for s in entry.shards]
         else:

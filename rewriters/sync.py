@@ -10,7 +10,7 @@ for rank 0's token instead, which also carries what their transform needs from P
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
@@ -25,9 +25,15 @@ from rewriters.ps_route import PSRoute
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
 
 
-def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str) -> DistributedGraph:
+def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str,
+             extra_routes: Optional[Dict[str, Callable]] = None) -> DistributedGraph:
+    """`extra_routes`: route name -> factory(request, rebuilt, entries) of a route object with
+    build() (variable -> the gradient the model's transform reads), after_step(step targets)
+    (builds what follows the step; returns targets every step also runs), contribute(dgraph),
+    and `bytes` / `lower_bound` like the PS and AllReduce routes."""
     plan, topo = request.plan, request.topology
-    other = sorted({v.route for v in plan.trained} - set(allowed_routes))
+    extra_routes = extra_routes or {}
+    other = sorted({v.route for v in plan.trained} - set(allowed_routes) - set(extra_routes))
     if other:
         raise ValueError(f"the {strategy} rewriter cannot build route(s) {other}")
     rebuilt = rebuild(request)
@@ -52,6 +58,10 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
 
     allreduce = AllReduceRoute(request, rebuilt, ar_entries)
     global_grads = allreduce.build()
+    extras = [make(request, rebuilt, plan.on_route(route)) for route, make in extra_routes.items()
+              if plan.on_route(route)]
+    for route in extras:
+        global_grads.update(route.build())
     ps_route = PSRoute(request, rebuilt, ps_entries, global_step) if ps_entries else None
     if ps_route is not None:
         global_grads.update(ps_route.exchange())
@@ -78,6 +88,9 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         # A collective every rank must submit, needed there or not. As a session target, not
         # a control input: only used by control, grappler drops it and rank 0 waits forever.
         step = [step, sums.op]
+    step = step if isinstance(step, list) else [step]
+    for route in extras:
+        step = step + route.after_step(list(step))
 
     variables = tf.compat.v1.global_variables()
     on_server = [v for v in variables if "/job:ps" in v.device]
@@ -87,22 +100,26 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         import horovod.tensorflow as hvd
         broadcast = hvd.broadcast_variables(local, root_rank=0)
     byte_counts: Dict[str, tf.Tensor] = dict(allreduce.bytes)
-    if ps_route is not None:
-        byte_counts.update(ps_route.bytes)
+    for route in [ps_route] + extras:
+        if route is not None:
+            byte_counts.update(route.bytes)
     for name, layout in detect_layouts(rebuilt, plan).items():
         plan.by_name()[name].layout = layout
     report, request_checkpoint, report_routes = step_report(training.loss, byte_counts, topo.size)
-    return DistributedGraph(
+    dgraph = DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0] / topo.size,
-        train_op=step if isinstance(step, list) else [step], global_step=global_step.read_value(), parts=rebuilt.parts,
+        train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
         bytes_per_step=byte_counts, global_step_var=global_step,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
-                                   or [tf.constant(0, tf.int64)]),
+                                   + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
         report=report, report_routes=report_routes, checkpoint_request=request_checkpoint)
+    for route in extras:
+        route.contribute(dgraph)
+    return dgraph
 
 
 def _writes_ps_variable(op) -> bool:

@@ -69,10 +69,11 @@ if ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
 fi
 
 # 4. The project itself (editable) and its compiled custom ops.
-if [ ! -f "$stamp_dir/project.done" ] || [ "$root/setup.py" -nt "$stamp_dir/project.done" ] \
-   || ! ls "$root"/parallax_tf/_bindshim*.so >/dev/null 2>&1; then
+ops_newer=$(find "$root/parallax_tf/ops" -name '*.cc' -newer "$stamp_dir/project.done" 2>/dev/null | head -1)
+if [ ! -f "$stamp_dir/project.done" ] || [ "$root/setup.py" -nt "$stamp_dir/project.done" ] || [ -n "$ops_newer" ] \
+   || ! ls "$root"/parallax_tf/_bindshim*.so >/dev/null 2>&1 || ! ls "$root"/parallax_tf/_parallax_ops*.so >/dev/null 2>&1; then
   if [ -f "$root/setup.py" ]; then
-    log "installing parallax_tf (editable)"
+    log "installing parallax_tf (editable) and building its compiled ops"
     "$py" -m pip install -q --no-build-isolation --no-deps -e "$root"
     touch "$stamp_dir/project.done"
   fi

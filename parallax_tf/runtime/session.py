@@ -83,6 +83,8 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             ctx.step = step
             feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
             feeds[dgraph.checkpoint_request] = sum(hook.request(step + 1) for hook in hooks)
+            extra_targets, extra_feeds = dgraph.scheduled(step)
+            feeds.update(extra_feeds)
             options, metadata = tracer.options(step)
             # A whole step has a deadline too: a Horovod collective that never completes is not
             # covered by the session's operation timeout.
@@ -90,7 +92,7 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             options.timeout_in_ms = timeout_ms
             begin = time.perf_counter()
             with guard(f"step {step}"):
-                out = sess.run(fetches, feeds, options=options, run_metadata=metadata)
+                out = sess.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
             report = out["report"]
             mean_loss = report[0] / ctx.size
             stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,

@@ -1,6 +1,6 @@
 """Runs on every rank: trains each named case with parallax_tf and saves what this rank got.
 
-usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...]"""
+usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...] [--flag=value ...]  (parallax_tf flags)"""
 import os
 import sys
 
@@ -24,4 +24,4 @@ def main(out_dir, strategy, names):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], [a for a in sys.argv[3:] if not a.startswith("--")])

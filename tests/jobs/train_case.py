@@ -41,7 +41,8 @@ def main(argv):
         arrays = {f"var:{k}": v for k, v in result.variables.items()}
         np.savez(os.path.join(FLAGS.out, f"{FLAGS.case}.rank{_rank()}.npz"), losses=np.array(result.losses),
                  global_step=result.global_step, start_step=result.start_step,
-                 checkpoint=str(result.checkpoint), **arrays)
+                 checkpoint=str(result.checkpoint), bytes=np.array(result.bytes_per_step, dtype=object),
+                 **arrays)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,328 @@
+"""The significant route (Slim-DP): a local replica on every rank, a global copy on the PS, and
+every `period` steps a round that synchronises only the significant + explored coordinates.
+
+Every rank trains its replica with the model's own train op on its own gradient and adds that
+gradient to an accumulator. A round, for each piece of a variable's flattened global copy:
+  1. every rank pushes its accumulated gradient at the selected coordinates: the core set
+     (the most significant coordinates, |w| + lambda |last aggregated update|, chosen on the PS
+     and refreshed every `refresh` rounds) plus an explored set drawn from the round number and
+     a seed every rank shares, so only values cross the network, never indices;
+  2. rank 0 takes the sum once all have pushed, and on the PS applies a copy of the model's
+     optimizer (slots next to the global copy) to the mean, as a sparse update of those
+     coordinates, then hands every other rank a token;
+  3. every rank pulls the new global values of those coordinates into its replica and clears
+     what it sent from its accumulator (all of it without --slim_error_feedback).
+The other coordinates keep evolving locally. Core 1, explore 0, period 1 is synchronous data
+parallelism: the global copy takes exactly the step single-device training takes.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import zlib
+from typing import Dict, List
+
+import tensorflow as tf
+
+from parallax_tf.errors import ModelError
+from rewriters.common import BuildRequest, Rebuilt
+
+
+@dataclasses.dataclass
+class _Unit:
+    """One piece of a variable's global copy: elements [start, end) of the flattened variable."""
+    name: str
+    replica: object           # the rank's local variable (the model's)
+    grad: tf.Tensor           # this rank's raw gradient of it
+    optimizer: object
+    start: int
+    end: int
+    server: int
+    core_size: int
+    explore_size: int
+    seed: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def chosen(self) -> int:
+        return self.core_size + self.explore_size
+
+
+class SignificantRoute:
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
+        self.request, self.rebuilt, self.entries = request, rebuilt, entries
+        self.topo = request.topology
+        self.bytes, self.lower_bound = {}, []
+        params = entries[0].params
+        self.period, self.refresh = int(params["period"]), int(params["refresh"])
+        self.lam, self.error_feedback = float(params["lambda"]), bool(params["error_feedback"])
+        self.units: List[_Unit] = []
+        self.parts, self.working_copies, self.optimizers = {}, set(), []
+        applied = rebuilt.training.applied()
+        for entry in entries:
+            pieces, grads = rebuilt.parts[entry.name], rebuilt.grads[entry.name]
+            if len(pieces) != 1:
+                raise ModelError(f"slim_dp: variable {entry.name!r} is partitioned by the model; create it "
+                                 "without a partitioner (the strategy splits its global copy itself)")
+            replica, grad = pieces[0].variable, grads[0]
+            if grad is None or replica.op.name not in applied:
+                raise ModelError(f"slim_dp: the train op does not update {entry.name!r}; mark it "
+                                 "trainable=False or update it")
+            for index, shard in enumerate(entry.shards):
+                core, explore = selection_sizes(shard.row_end - shard.row_start, float(entry.params["core"]),
+                                                float(entry.params["explore"]))
+                self.units.append(_Unit(shard.name, replica, grad, applied[replica.op.name][2].optimizer,
+                                        shard.row_start, shard.row_end, shard.server, core, explore,
+                                        unit_seed(request.seed, entry.name, index)))
+
+    def build(self) -> Dict[str, tf.Tensor]:
+        """The model's transform reads this rank's own gradient: replicas train locally."""
+        return {u.replica.op.name: u.grad for u in self.units}
+
+    def after_step(self, step_targets: list) -> list:
+        """Builds the accumulators, the global copies and the rounds; returns what every step
+        must also run (adding the step's gradient to the accumulators)."""
+        from parallax_tf import ops as ptf_ops
+        ptf_ops.load()     # every process running the ops (PS servers live in the ranks) loads them
+        topo = self.topo
+        self.round = tf.compat.v1.placeholder_with_default(tf.constant(-1, tf.int64), [], name="parallax_round")
+        self.round_bytes = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [],
+                                                                  name="parallax_round_bytes")
+        self.bytes["significant"] = self.round_bytes
+        self.lower_bound.append(self.round_bytes)
+        accumulate, state = [], []
+        for unit in self.units:
+            state.append(self._variables(unit))
+            flat = tf.reshape(unit.grad, [-1])[unit.start:unit.end]
+            accumulate.append(state[-1]["sum"].assign_add(flat, read_value=False))
+        with tf.control_dependencies(step_targets + accumulate):
+            selected = [self._selection(u, s["core_local"]) for u, s in zip(self.units, state)]
+            pushes = [self._push(u, s, sel) for u, s, sel in zip(self.units, state, selected)]
+        applied, refreshed = self._apply(state, pushes)    # built everywhere, run by rank 0
+        if topo.is_chief:
+            plain, with_refresh = self._release(applied), self._release(refreshed)
+        else:
+            with tf.control_dependencies(pushes):
+                queue = self._token_queue(topo.rank)
+                with tf.device(queue.queue_ref.device):
+                    token = queue.dequeue().op
+            plain = with_refresh = token
+        settled = applied if topo.is_chief else plain    # the global copies hold this round's update
+        pulls, core_updates = [], []
+        for unit, s, sel in zip(self.units, state, selected):
+            with tf.control_dependencies([settled]):
+                pulled = self._pull(unit, s, sel)
+            pulls.append(pulled)
+            with tf.control_dependencies([pulled, with_refresh]):
+                core_updates.append(s["core_local"].assign(s["next_core"].read_value(), read_value=False))
+        # the release of the other kind must not run: one token per rank per round
+        self._targets = {False: [plain] + pulls, True: [with_refresh] + pulls + core_updates}
+        self._byte_counts = self._count_bytes()
+        self._state = state
+        return accumulate
+
+    # ---- pieces of a round -------------------------------------------------------------------
+    def _variables(self, unit: _Unit) -> dict:
+        dtype = unit.replica.dtype.base_dtype
+        ps = f"/job:ps/task:{unit.server}"
+        made = {}
+        with tf.device(ps):
+            made["global"] = tf.Variable(tf.zeros([unit.size], dtype), trainable=False, name=unit.name,
+                                         use_resource=True)
+            made["update"] = tf.Variable(tf.zeros([unit.size], dtype), trainable=False,
+                                         name=unit.name + "_last_update", use_resource=True)
+            made["core"] = tf.Variable(tf.zeros([unit.core_size], tf.int32), trainable=False,
+                                       name=unit.name + "_core", use_resource=True)
+            made["next_core"] = tf.Variable(tf.zeros([unit.core_size], tf.int32), trainable=False,
+                                            name=unit.name + "_next_core", use_resource=True)
+            if unit.chosen:
+                made["acc"] = tf.compat.v1.ConditionalAccumulator(
+                    dtype, shape=[unit.chosen], shared_name=unit.name + "/parallax_round_grad",
+                    name=unit.name.replace("/", "_") + "_round_grad", reduction_type="SUM")
+        with tf.device(self.topo.worker_device):
+            made["sum"] = tf.Variable(tf.zeros([unit.size], dtype), trainable=False,
+                                      name=unit.name + "_local_sum", use_resource=True)
+            made["core_local"] = tf.Variable(tf.zeros([unit.core_size], tf.int32), trainable=False,
+                                             name=unit.name + "_local_core", use_resource=True)
+        self.parts.setdefault(unit.name.split("/parallax_global/")[0], []).append((unit, made["global"]))
+        self.working_copies.update(v.name for k, v in made.items() if k not in ("global", "acc"))
+        return made
+
+    def _selection(self, unit: _Unit, core_variable) -> tf.Tensor:
+        """Core set plus this round's explored set, ascending: the same on every rank and the PS."""
+        from parallax_tf import ops as ptf_ops
+        core = core_variable.read_value()
+        explored = ptf_ops.explore_indices(core, unit.size, unit.seed, self.round, unit.explore_size)
+        return tf.sort(tf.concat([core, explored], 0))
+
+    def _push(self, unit: _Unit, s: dict, sel) -> tf.Operation:
+        if not unit.chosen:     # nothing is synchronised: the replica trains alone
+            return tf.no_op()
+        values = tf.gather(s["sum"].read_value(), sel)
+        with tf.device(s["acc"].accumulator_ref.device):
+            return s["acc"].apply_grad(values, local_step=self.round)
+
+    def _apply(self, state: List[dict], pushes):
+        """Rank 0: the mean of the pushes, applied on the PS by a copy of the model's optimizer;
+        the last aggregated update remembered for the next core set. Returns (the applies, the
+        applies followed by a core refresh). Built on every rank, so every rank's graph knows
+        the global copies' slots; only rank 0 runs it."""
+        from parallax_tf import ops as ptf_ops
+        size = self.topo.size
+        by_optimizer, remember = {}, []
+        with tf.control_dependencies(pushes):
+            for unit, s in zip(self.units, state):
+                if not unit.chosen:
+                    continue
+                with tf.device(f"/job:ps/task:{unit.server}"):
+                    mean = s["acc"].take_grad(size) / tf.cast(size, unit.replica.dtype.base_dtype)
+                    # Every rank has pushed this round, so every rank has pulled the last one:
+                    # the core set of a refresh becomes the one the PS selects with.
+                    with tf.control_dependencies([mean]):
+                        current = s["core"].assign(s["next_core"].read_value(), read_value=False)
+                    with tf.control_dependencies([current]):
+                        sel = self._selection(unit, s["core"])
+                    remember.append(s["update"].scatter_update(tf.IndexedSlices(mean, sel)).op)
+                by_optimizer.setdefault(id(unit.optimizer), (unit.optimizer, []))[1].append(
+                    (tf.IndexedSlices(mean, sel, tf.constant([unit.size], tf.int64)), s["global"]))
+        applies = []
+        for optimizer, pairs in by_optimizer.values():
+            clone = _clone(optimizer)
+            applies.append(clone.apply_gradients(pairs))
+            self.optimizers.append((clone, [v for _, v in pairs]))
+        done = tf.group(*applies, *remember)
+        refreshes = []
+        with tf.control_dependencies([done]):
+            for unit, s in zip(self.units, state):
+                with tf.device(f"/job:ps/task:{unit.server}"):
+                    core, _ = ptf_ops.significance_select(s["global"].read_value(), s["update"].read_value(),
+                                                          self.lam, unit.seed, self.round, unit.core_size, 0)
+                    refreshes.append(s["next_core"].assign(core, read_value=False))
+        return done, tf.group(done, *refreshes)
+
+    def _pull(self, unit: _Unit, s: dict, sel) -> tf.Operation:
+        """The new global values of this round's coordinates into the replica; the sent part of
+        the accumulated gradient (all of it without error feedback) cleared."""
+        if not unit.chosen:
+            return tf.no_op()
+        with tf.device(f"/job:ps/task:{unit.server}"):
+            # computed on the PS from its own copy of the core set: no indices cross the network
+            values = tf.gather(s["global"].read_value(), self._selection(unit, s["core"]))
+        shape = unit.replica.shape.as_list()
+        if not shape:
+            update = unit.replica.assign(tf.reshape(values, []), read_value=False)
+        else:
+            where = tf.transpose(tf.unravel_index(sel + unit.start, shape))
+            update = tf.raw_ops.ResourceScatterNdUpdate(ref=unit.replica.handle, indices=where, updates=values)
+        if self.error_feedback:
+            clear = s["sum"].scatter_update(tf.IndexedSlices(tf.zeros_like(values), sel)).op
+        else:
+            clear = s["sum"].assign(tf.zeros_like(s["sum"]), read_value=False)
+        return tf.group(update, clear)
+
+    def _release(self, after) -> tf.Operation:
+        tokens = []
+        with tf.control_dependencies([after]):
+            for rank in range(1, self.topo.size):
+                queue = self._token_queue(rank)
+                with tf.device(queue.queue_ref.device):
+                    tokens.append(queue.enqueue(tf.constant(0.0, tf.float64)))
+        return tf.group(after, *tokens)
+
+    def _token_queue(self, rank: int):
+        with tf.device(f"/job:ps/task:{self.topo.host_of(rank)}"):
+            return tf.queue.FIFOQueue(4, [tf.float64], shapes=[[]], shared_name=f"parallax_round_token_{rank}",
+                                      name=f"parallax_round_token_{rank}")
+
+    # ---- start, schedule, bytes -------------------------------------------------------------
+    def _initial_copy(self, state: List[dict]) -> tf.Operation:
+        """Every rank, after rank 0 loaded the global copies: replicas and their optimizer slots
+        start from the global values, and every rank computes the first core set (on the PS,
+        from the same values, so all agree)."""
+        from parallax_tf import ops as ptf_ops
+        assigns, by_replica = [], {}
+        for unit, s in zip(self.units, state):
+            by_replica.setdefault(unit.replica.name, []).append((unit, s))
+            with tf.device(f"/job:ps/task:{unit.server}"):
+                core, _ = ptf_ops.significance_select(s["global"].read_value(), s["update"].read_value(),
+                                                      self.lam, unit.seed, 0, unit.core_size, 0)
+            assigns.append(s["core_local"].assign(core, read_value=False))
+            if self.topo.is_chief:
+                assigns += [s["core"].assign(core, read_value=False), s["next_core"].assign(core, read_value=False)]
+        clone_of = {v.name: c for c, variables in self.optimizers for v in variables}
+        for pieces in by_replica.values():
+            replica, optimizer = pieces[0][0].replica, pieces[0][0].optimizer
+            self.working_copies.add(replica.name)
+            assigns.append(replica.assign(_whole([s["global"] for _, s in pieces], replica), read_value=False))
+            for slot_name in optimizer.get_slot_names():
+                local = optimizer.get_slot(replica, slot_name)
+                if local is None:
+                    continue
+                self.working_copies.add(local.name)
+                clone = clone_of.get(pieces[0][1]["global"].name)
+                found = [clone.get_slot(s["global"], slot_name) for _, s in pieces] if clone else []
+                if found and all(g is not None for g in found):
+                    assigns.append(local.assign(_whole(found, replica), read_value=False))
+        return tf.group(*assigns)
+
+    def contribute(self, dgraph) -> None:
+        from parallax_tf.values import Part
+        # after the broadcast of the other replicated variables, which would overwrite these
+        with tf.control_dependencies([dgraph.broadcast] if dgraph.broadcast is not None else []):
+            dgraph.broadcast = self._initial_copy(self._state)
+        for name, pieces in self.parts.items():
+            dgraph.parts[name] = [Part(var, unit.start, unit.end) for unit, var in pieces]
+        dgraph.working_copies |= self.working_copies
+        dgraph.optimizers.extend(self.optimizers)
+        dgraph.optimizers[:] = [(o, [v for v in vs if v.name not in self.working_copies]) for o, vs in dgraph.optimizers]
+        dgraph.scheduled = self.schedule
+
+    def schedule(self, step: int):
+        """After step `step` (0-based) of every `period`: round (step + 1) / period - 1."""
+        if (step + 1) % self.period:
+            return [], {}
+        index = (step + 1) // self.period - 1
+        refresh = (index + 1) % self.refresh == 0
+        return self._targets[refresh], {self.round: index, self.round_bytes: self._byte_counts[refresh]}
+
+    def _count_bytes(self) -> Dict[bool, int]:
+        """What this rank moves in a round (values pushed and pulled; a refresh's core set pulled
+        by the other ranks), counted where a server in another process is involved."""
+        plain = refresh = 0
+        for unit in self.units:
+            if unit.server == self.topo.host and self.topo.local_rank == 0:
+                continue
+            moved = 2 * unit.chosen * unit.replica.dtype.base_dtype.size
+            plain += moved
+            refresh += moved + (4 * unit.core_size if not self.topo.is_chief else 0)
+        return {False: plain, True: refresh}
+
+
+def selection_sizes(size: int, core: float, explore: float):
+    """(core set size, explored set size) of a piece of `size` elements."""
+    core_size = int(round(core * size))
+    return core_size, min(size - core_size, int(round(explore * size)))
+
+
+def unit_seed(seed: int, name: str, index: int) -> int:
+    """The explored sets' seed of piece `index` of variable `name`: the same on every rank."""
+    return zlib.crc32(f"{seed}/{name}/{index}".encode()) & 0x7FFFFFFF
+
+
+def _clone(optimizer):
+    """A second instance of the model's optimizer (same hyper-parameters, own slots and
+    non-slot state) for the global copies."""
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise ModelError(f"slim_dp applies the model's optimizer to the global copy and needs a "
+                         f"tf.compat.v1.train.Optimizer; got {type(optimizer).__name__}")
+    clone = copy.copy(optimizer)
+    clone._slots, clone._non_slot_dict, clone._deferred_slot_restorations = {}, {}, {}
+    return clone
+
+
+def _whole(pieces, like) -> tf.Tensor:
+    """The flat pieces of a global copy (read on their servers) as one value shaped like `like`."""
+    return tf.reshape(tf.concat([p.read_value() for p in pieces], 0), like.shape)
