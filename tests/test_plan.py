@@ -161,3 +161,36 @@ def test_keras_cnn_reference_model_plans_batch_norm_state():
     assert rows["cnn/fc1/kernel"][3:6] == ["dense", "fully_connected", "allreduce"]
     assert rows["cnn/bn2_2/moving_mean"][3:7] == ["none", "norm", "local", "mean"]
     assert "global_step=global_step" in proc.stdout
+
+
+def test_slim_dp_plan_routes_and_splits():
+    """Dense variables on route significant with the Slim-DP options; sparse ones on the PS; a
+    global copy of 64k elements or more split over every server as flat element ranges."""
+    def model_fn(ctx=None):
+        x = tf.compat.v1.placeholder(tf.float32, [None, 300], name="x")
+        big = tf.compat.v1.get_variable("big", [300, 300])
+        small = tf.compat.v1.get_variable("small", [300, 2])
+        emb = tf.compat.v1.get_variable("emb", [50, 300])
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        h = tf.matmul(x, big) + tf.compat.v1.nn.embedding_lookup(emb, ids)
+        loss = tf.reduce_mean(tf.square(tf.matmul(h, small)))
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    got = capture(model_fn, lambda ctx: {"x": np.ones([2, 300], np.float32), "ids": np.arange(2)}, RunContext(), seed=0)
+    slim = {"core": 0.1, "explore": 0.02, "refresh": 10, "period": 2, "lambda": 1.0, "error_feedback": False}
+    plan = make_plan(got, "slim_dp", num_ranks=8, num_hosts=4, slim=slim).by_name()
+    assert plan["emb"].route == "ps" and plan["big"].route == plan["small"].route == "significant"
+    assert plan["big"].params == slim and plan["big"].layout == "flat"
+    assert [(s.row_start, s.row_end) for s in plan["big"].shards] == [(0, 22500), (22500, 45000), (45000, 67500),
+                                                                     (67500, 90000)]
+    assert sorted(s.server for s in plan["big"].shards) == [0, 1, 2, 3]
+    assert [(s.row_start, s.row_end) for s in plan["small"].shards] == [(0, 600)]
+    assert plan["big"].bytes_per_step == int(2 * 0.12 * 90000 * 4 / 2)
+
+
+def test_slim_dp_fractions_are_checked():
+    from parallax_tf import flags as ptf_flags
+    from parallax_tf.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"--slim_core \(0.9\) and --slim_explore \(0.2\)"):
+        ptf_flags.resolve(slim_core=0.9, slim_explore=0.2)
+    with pytest.raises(ConfigError, match="--slim_period and --slim_refresh must be >= 1"):
+        ptf_flags.resolve(slim_period=0)

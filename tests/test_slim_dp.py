@@ -153,3 +153,19 @@ def test_bytes_follow_the_selected_counts():
            for r in range(2)}
     assert got[1]["significant"] == pytest.approx(want)
     assert got[0]["significant"] == 0
+
+
+def test_degenerate_run_resumes_from_its_checkpoint():
+    """Interrupted after 3 steps and resumed to 6: the single-device result, and a checkpoint
+    holding the global copies and their slots under single-device names."""
+    from tests.test_checkpoint import _train
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    _train(2, "mixed_adam", out, "--strategy=slim_dp", *DEGENERATE, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=3")
+    keys = set(tf.train.load_checkpoint(os.path.join(ckpt, "step-3", "model")).get_variable_to_shape_map())
+    assert {"w", "w/Adam", "w/Adam_1", "b", "emb", "emb/Adam", "beta1_power", "parallax_global_step"} <= keys
+    assert not any("parallax_global/" in k or "local_sum" in k for k in keys), sorted(keys)
+    second = _train(2, "mixed_adam", out, "--strategy=slim_dp", *DEGENERATE, "--steps=6", f"--ckpt_dir={ckpt}")
+    assert [int(r["start_step"]) for r in second] == [3, 3]
+    want = reference.train_single_device("mixed", "adam", 2, steps=6)
+    for name, value in want.items():
+        assert reference.relative_error(second[0][f"var:{name}"], value) <= 1e-4, name
