@@ -32,7 +32,7 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
                  model: str, steps: int, warmup: int, timeout_s: int = 600) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
-           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"]
+           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + _model_flags()
     if strategy == "single":
         try:
             status = subprocess.run(job, timeout=timeout_s).returncode
@@ -46,6 +46,17 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
     return summarise(ranks)
 
 
+def _model_flags() -> list:
+    """The reference models' flags and the strategies' options given to tools.bench, passed on
+    to every job (so e.g. --slim_core or --cnn_fc_units reach the ranks)."""
+    passed = []
+    for name in FLAGS:
+        if name.startswith(("slim_", "cnn_", "mlp_", "lm_")) and FLAGS[name].present:
+            value = FLAGS[name].value
+            passed.append(f"--{name}={','.join(map(str, value)) if isinstance(value, list) else value}")
+    return passed
+
+
 def summarise(ranks) -> dict:
     """Cluster-wide figures from the per-rank records (bytes are per rank per step)."""
     step_s = max(r["step_s"] for r in ranks)            # synchronous: the slowest rank sets the pace
@@ -55,7 +66,13 @@ def summarise(ranks) -> dict:
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
+    by_route = {}
+    for r in ranks:
+        for route, n in (r.get("bytes_by_route") or {}).items():
+            by_route[route] = by_route.get(route, 0.0) + n / len(ranks)
+    held_out = [r["held_out_loss"] for r in ranks if r.get("held_out_loss") is not None]
     return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
+            "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "bytes_per_step": wire,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
@@ -64,17 +81,20 @@ def summarise(ranks) -> dict:
 
 def table(results: dict) -> str:
     baselines = [b for b in BASELINE_NAMES if b in results and "error" not in results[b]]
-    header = ["strategy", "examples/s", "step ms", "wire B/step/rank", "graph B/step", "lower bound",
-              "wire/LB"] + [f"vs {b}" for b in baselines]
+    header = ["strategy", "examples/s", "step ms", "wire B/step/rank", "graph B/step", "dense B/step", "lower bound",
+              "wire/LB", "held-out loss"] + [f"vs {b}" for b in baselines]
     rows = [header]
     for name, r in results.items():
         if "error" in r:
             rows.append([name, r["error"]] + [""] * (len(header) - 2))
             continue
         lb, wire = r.get("lower_bound_bytes_per_step"), r.get("bytes_per_step")
+        routes = r.get("bytes_by_route") or {}
+        dense = routes.get("allreduce", 0) + routes.get("significant", 0) if routes else None
+        loss = r.get("held_out_loss")
         rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}", _fmt(wire),
-                     _fmt(r.get("reported_bytes_per_step")), _fmt(lb),
-                     f"{wire / lb:.2f}" if wire and lb else "-"]
+                     _fmt(r.get("reported_bytes_per_step")), _fmt(dense), _fmt(lb),
+                     f"{wire / lb:.2f}" if wire and lb else "-", f"{loss:.4f}" if loss is not None else "-"]
                     + [f"{r['examples_per_s'] / results[b]['examples_per_s']:.2f}x" for b in baselines])
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
