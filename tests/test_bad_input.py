@@ -145,7 +145,8 @@ def test_missing_placeholder_on_two_ranks_exits_nonzero_with_message():
 def test_unknown_strategy_flag_is_rejected_by_absl():
     proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--strategy=bogus"], launcher="python", timeout=120)
     assert proc.returncode != 0
-    assert "--strategy=bogus: value should be one of <hybrid|ps|allreduce|auto>" in proc.stderr
+    from parallax_tf.flags import STRATEGIES
+    assert f"--strategy=bogus: value should be one of <{'|'.join(STRATEGIES)}>" in proc.stderr
 
 
 def test_busy_port_moves_to_next_free_one():

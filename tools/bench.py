@@ -29,10 +29,12 @@ BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps")
 
 
 def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str, delay: str,
-                 model: str, steps: int, warmup: int, timeout_s: int = 600) -> dict:
+                 model: str, steps: int, warmup: int, timeout_s: int = 600, extra_flags=()) -> dict:
+    """`extra_flags` are given to every rank after the ones tools.bench was given."""
     out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
-           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + _model_flags()
+           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + _model_flags() \
+        + list(extra_flags)
     if strategy == "single":
         try:
             status = subprocess.run(job, timeout=timeout_s).returncode
@@ -90,14 +92,19 @@ def table(results: dict) -> str:
             continue
         lb, wire = r.get("lower_bound_bytes_per_step"), r.get("bytes_per_step")
         routes = r.get("bytes_by_route") or {}
-        dense = routes.get("allreduce", 0) + routes.get("significant", 0) if routes else None
+        dense = dense_bytes(routes)
         loss = r.get("held_out_loss")
-        rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}", _fmt(wire),
-                     _fmt(r.get("reported_bytes_per_step")), _fmt(dense), _fmt(lb),
+        rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}", fmt_bytes(wire),
+                     fmt_bytes(r.get("reported_bytes_per_step")), fmt_bytes(dense), fmt_bytes(lb),
                      f"{wire / lb:.2f}" if wire and lb else "-", f"{loss:.4f}" if loss is not None else "-"]
                     + [f"{r['examples_per_s'] / results[b]['examples_per_s']:.2f}x" for b in baselines])
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def dense_bytes(routes: dict):
+    """Bytes per step of the dense variables' routes (None when the strategy reports none)."""
+    return routes.get("allreduce", 0) + routes.get("significant", 0) if routes else None
 
 
 def plot(results: dict, cluster_info: dict, path: str) -> None:
@@ -118,7 +125,7 @@ def plot(results: dict, cluster_info: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def _fmt(n):
+def fmt_bytes(n):
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB"):
