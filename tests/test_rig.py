@@ -53,6 +53,7 @@ def test_bench_table_json_plot_and_bytes_against_link_counters():
         assert {"examples_per_s", "step_s", "bytes_per_step", "lower_bound_bytes_per_step"} <= set(result)
         assert result["examples_per_s"] > 0 and result["step_s"] > 0
     assert os.path.getsize(out.replace(".json", ".png")) > 1000
+    assert 0 < data["results"]["hybrid"]["held_out_loss"] < 20      # rank 0 evaluated the result
     if netns.have_root():
         hybrid = data["results"]["hybrid"]
         # what the graph says it sends vs what the links carried (protocol overhead on top)

@@ -24,9 +24,10 @@ def held_out_loss(model_fn, input_fn, variables) -> float:
     import tensorflow as tf
     from parallax_tf.inspect_graph import logical_name, make_feeds
     from parallax_tf.model import RunContext
+    from parallax_tf.training_graph import call_model_fn
     graph = tf.Graph()
     with graph.as_default():
-        loss = model_fn().loss
+        loss = call_model_fn(model_fn, RunContext(0, 1, 0, 1, 0)).loss
         placeholders = [op.name for op in graph.get_operations() if op.type == "Placeholder"]
         known = [v for v in tf.compat.v1.global_variables() if logical_name(v) in variables]
         with tf.compat.v1.Session(graph=graph) as sess:
