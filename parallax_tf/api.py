@@ -90,8 +90,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         link_before = session.link_counters() if topo.local_rank == 0 else None
         began, cpu_began = time.perf_counter(), time.process_time()
-        losses, stats = session.train(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
-                                      hooks, tracer, guard, opts.timeout_s * 1000)
+        train_loop = dgraph.train_loop or session.train
+        losses, stats = train_loop(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
+                                   hooks, tracer, guard, opts.timeout_s * 1000)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
@@ -120,7 +121,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     cpu_s_per_step=cpu / max(1, len(stats.times)),
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
-                    checkpoint=checkpointer.last_path if checkpointer else None)
+                    checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras)
     if topo.is_chief and opts.log_every:
         _print_summary(result)
     return result
@@ -162,7 +163,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          int(opts.partition_threshold_mb * 2**20), opts.local_aggregation,
-                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.slim())
+                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.route_options())
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -174,7 +175,7 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     captured = capture(model_fn, input_fn, ctx, opts.seed, time_compute=opts.strategy == "auto")
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
                      int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks),
-                     opts.slim())
+                     opts.route_options())
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)

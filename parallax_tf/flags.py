@@ -46,6 +46,10 @@ flags.DEFINE_integer("slim_period", 1, "slim_dp: local steps per communication r
 flags.DEFINE_float("slim_lambda", 1.0, "slim_dp: weight of the last aggregated update in the significance score.")
 flags.DEFINE_bool("slim_error_feedback", False, "slim_dp: keep the unsent part of a rank's accumulated "
                   "gradient and add it to the next round's.")
+flags.DEFINE_string("staleness_lr", "inverse", "ps_plus: learning rate of a push computed on a copy tau versions "
+                    "old: inverse (lr / max(1, tau)), none (plain async), exp:GAMMA (lr * GAMMA**tau).")
+flags.DEFINE_integer("max_staleness", 16, "ps_plus: a rank whose copy is more than this many versions behind the "
+                     "global one waits for a fresh pull before its next step (bounded staleness).")
 
 
 @dataclasses.dataclass
@@ -78,6 +82,17 @@ class Options:
     slim_period: int
     slim_lambda: float
     slim_error_feedback: bool
+    staleness_lr: str
+    max_staleness: int
+
+    def route_options(self) -> dict:
+        """Options the plan stores in the params of the variables on a route."""
+        from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_SIGNIFICANT
+        return {ROUTE_SIGNIFICANT: self.slim(), ROUTE_ASYNC_PS: self.ps_plus()}
+
+    def ps_plus(self) -> dict:
+        rule, gamma = parse_staleness_lr(self.staleness_lr)
+        return {"rule": rule, "gamma": gamma, "max_staleness": self.max_staleness}
 
     def slim(self) -> dict:
         """The Slim-DP options as the plan stores them."""
@@ -116,4 +131,23 @@ def resolve(**overrides) -> Options:
                           "fractions of each variable: each in [0, 1], and together at most 1")
     if options.slim_period < 1 or options.slim_refresh < 1 or options.slim_lambda < 0:
         raise ConfigError("--slim_period and --slim_refresh must be >= 1 and --slim_lambda >= 0")
+    parse_staleness_lr(options.staleness_lr)
+    if options.max_staleness < 0:
+        raise ConfigError(f"--max_staleness must be >= 0 (0: every step waits for the newest values), "
+                          f"got {options.max_staleness}")
     return options
+
+
+def parse_staleness_lr(text: str):
+    """(rule, gamma) of --staleness_lr: inverse | none | exp:GAMMA with 0 < GAMMA <= 1."""
+    if text in ("inverse", "none"):
+        return text, 1.0
+    if text.startswith("exp:"):
+        try:
+            gamma = float(text[4:])
+        except ValueError:
+            gamma = -1.0
+        if 0.0 < gamma <= 1.0:
+            return "exp", gamma
+    raise ConfigError(f"--staleness_lr={text!r}: use inverse (lr / max(1, tau)), none (plain async) or "
+                      "exp:GAMMA with 0 < GAMMA <= 1 (lr * GAMMA**tau), e.g. exp:0.9")

@@ -11,10 +11,13 @@ changing the ones here:
   "local"      model state that is not trained (batch-norm statistics, EMAs, counters): a copy
                on every rank, updated by the model's own ops; params["combine"] says how the
                copies are combined when read ("mean" over ranks, or "rank0")
+  "async_ps"   PS+: the global copy on parameter servers, updated by each push as it arrives
+               with a staleness-scaled learning rate; dense variables also have a local copy per
+               rank, pulled eagerly in the background (params["pull"] "eager"), sparse ones are
+               read row by row from the server in the step (params["pull"] "rows")
 Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
   "fc_node"    compute and variables on a dedicated FC node (Stanza)
   "stage"      pipeline stage with layer-wise staleness (DSP)
-  "async_ps"   eager pull, staleness-scaled learning rate (PS+)
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ ROUTE_PS = "ps"
 ROUTE_ALLREDUCE = "allreduce"
 ROUTE_LOCAL = "local"
 ROUTE_SIGNIFICANT = "significant"
-KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, "fc_node", "stage", "async_ps")
+ROUTE_ASYNC_PS = "async_ps"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, "fc_node", "stage")
 
 
 @dataclasses.dataclass
@@ -103,7 +107,7 @@ class Plan:
         header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
         rows = [header]
         for v in self.variables:
-            shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT) else ("mean" if v.params.get("combine") == "mean"
+            shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS) else ("mean" if v.params.get("combine") == "mean"
                                                                       and v.route == ROUTE_LOCAL else "-")
             if v.route == ROUTE_PS and v.user_partitioned:
                 shards += " (user)"

@@ -6,9 +6,10 @@ from typing import List, Optional
 
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT, Plan, Shard, VariablePlan
+from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT, Plan, Shard,
+                              VariablePlan)
 
-STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp")
+STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
 # A significant-route variable with at least this many elements has its global copy split over
 # every server: each host's link then carries 1/H of the round's traffic, not all of it on one.
@@ -17,9 +18,11 @@ SPLIT_ELEMENTS = 1 << 16
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
               partitions: Optional[int] = None, partition_threshold_bytes: int = 8 * 2**20,
-              local_aggregation: bool = True, cost_cluster=None, slim: Optional[dict] = None) -> Plan:
-    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for; `slim` holds
-    the Slim-DP options (core, explore, period, refresh, lambda, error_feedback)."""
+              local_aggregation: bool = True, cost_cluster=None, route_options: Optional[dict] = None) -> Plan:
+    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for;
+    `route_options` maps a route to the options its variables carry in their params (Slim-DP's
+    on "significant", PS+'s on "async_ps")."""
+    route_options = route_options or {}
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if partitions is not None and partitions < 1:
@@ -35,21 +38,26 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned)
-        if route == ROUTE_PS:
+        entry.params.update(route_options.get(route, {}))
+        if route in (ROUTE_PS, ROUTE_ASYNC_PS):
             forced = partitions if partitions is not None else count
             _shard(entry, info, forced, partition_threshold_bytes, num_hosts, server_load)
+        if route == ROUTE_ASYNC_PS:
+            _async_copies(entry)
         elif route == ROUTE_SIGNIFICANT:
-            _split_elements(entry, info, num_hosts, server_load, slim or {})
+            _split_elements(entry, info, num_hosts, server_load)
         entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
         entries.append(entry)
     _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
     for state in capture.state:
         how = ("updated from each rank's batch: each rank keeps its own, the mean over ranks is read"
                if state.per_rank else "the same on every rank: rank 0's copy is read")
+        if strategy == "ps_plus":   # no point where all ranks could average it
+            how = "each rank keeps its own (ranks run asynchronously): rank 0's copy is read"
         entries.append(VariablePlan(name=state.name, shape=state.shape, dtype=state.dtype, bytes=state.bytes,
                                     gradient="none", layer=state.layer, route=ROUTE_LOCAL,
                                     reason=f"model state, not trained: {how}", bytes_per_step=0,
-                                    params={"combine": "mean" if state.per_rank and state.dtype.startswith(
+                                    params={"combine": "mean" if state.per_rank and strategy != "ps_plus" and state.dtype.startswith(
                                         ("float", "bfloat", "half", "double")) else "rank0"}))
     return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
                 local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step)
@@ -76,6 +84,12 @@ def _auto_choices(capture: Capture, cluster):
 
 
 def _route(strategy: str, info: VariableInfo):
+    if strategy == "ps_plus":
+        if info.gradient == "sparse":
+            return ROUTE_ASYNC_PS, ("strategy ps_plus, sparse gradient: on the PS, its rows read in the step; "
+                                    "each push applied as it arrives, lr scaled by staleness")
+        return ROUTE_ASYNC_PS, ("strategy ps_plus: global copy on the PS, pulled eagerly into a local copy; "
+                                "each push applied as it arrives, lr scaled by staleness")
     if strategy == "slim_dp" and info.gradient == "dense":
         return ROUTE_SIGNIFICANT, ("dense gradient, strategy slim_dp: a local replica per rank; each round "
                                    "only the significant + explored coordinates are synchronised on the PS")
@@ -110,7 +124,17 @@ def _shard(entry: VariablePlan, info: VariableInfo, partitions, threshold, num_h
         start += rows
 
 
-def _split_elements(entry: VariablePlan, info: VariableInfo, num_hosts: int, load, slim: dict) -> None:
+def _async_copies(entry: VariablePlan) -> None:
+    """A dense async_ps variable: its global copy on the server under its own name, the
+    model's variable (single-device name) is the rank's local copy, pulled eagerly. A sparse
+    one: the model's variable itself lives on the server and the step reads its rows."""
+    entry.params["pull"] = "rows" if entry.gradient == "sparse" else "eager"
+    if entry.gradient != "sparse":
+        for shard in entry.shards:
+            shard.name = f"{shard.name}/parallax_global"
+
+
+def _split_elements(entry: VariablePlan, info: VariableInfo, num_hosts: int, load) -> None:
     """The global copy of a significant-route variable: its flattened elements in contiguous
     ranges, one per server for large variables, each with its own core set."""
     elements = max(1, math.prod(info.shape))
@@ -124,7 +148,6 @@ def _split_elements(entry: VariablePlan, info: VariableInfo, num_hosts: int, loa
                                   row_end=start + size, server=server))
         start += size
     entry.layout = "flat"
-    entry.params.update(slim)
     if count > 1:
         entry.reason += f"; global copy split over {count} servers"
 
@@ -155,10 +178,10 @@ def estimate_bytes_per_step(entry: VariablePlan, info: VariableInfo, num_ranks: 
     if info.gradient == "sparse":
         rows = info.rows_touched if info.rows_touched is not None else info.shape[0]
         touched = rows * (info.row_bytes + 8)            # values + int64 index
-        if entry.route == ROUTE_PS:
+        if entry.route in (ROUTE_PS, ROUTE_ASYNC_PS):
             return 2 * touched - rows * 8                # push grad rows, pull rows
         return (num_ranks - 1) * touched                 # allgather: everyone's rows arrive
-    if entry.route == ROUTE_PS:
+    if entry.route in (ROUTE_PS, ROUTE_ASYNC_PS):
         return 2 * info.bytes                            # push gradient, pull variable
     if entry.route == ROUTE_SIGNIFICANT:                 # push + pull the selected values per round
         params = entry.params

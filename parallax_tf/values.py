@@ -92,11 +92,20 @@ def collect_state(dgraph, layouts: Dict[str, Tuple[str, list]]) -> Dict[str, Ent
                 covered.add(slot.name)
     with dgraph.graph.as_default():
         others = [v for v in tf.compat.v1.global_variables() if v.name not in covered]
+    copies = sorted((dgraph.saved_as[v.name], v) for v in others if v.name in dgraph.saved_as)
+    others = [v for v in others if v.name not in dgraph.saved_as]
     for var in sorted(others, key=lambda v: _offset(v)):
         rows = int(var.shape[0]) if var.shape.rank else 1
         entry = entries.setdefault(logical_name(var), Entry([[]]))
         start = entry.copies[0][-1].row_end if entry.copies[0] else 0
         entry.copies[0].append(Part(var, start, start + rows))
+    for (key, _), var in copies:       # one more place that keeps the whole value
+        entry = entries.setdefault(key, Entry([]))
+        whole = [Part(var, 0, int(var.shape[0]) if var.shape.rank else 1)]
+        if entry.copies == [[]]:
+            entry.copies = [whole]
+        else:
+            entry.copies.append(whole)
     return entries
 
 

@@ -80,6 +80,11 @@ class DistributedGraph:
     # in the same session run as that step's, after them; their feeds).
     scheduled: Callable[[int], tuple] = lambda step: ([], {})
     working_copies: set = dataclasses.field(default_factory=set)   # variable names that are not state
+    # variable name -> (checkpoint key, order): further copies of a saved value (copy 0 is read)
+    saved_as: Dict[str, tuple] = dataclasses.field(default_factory=dict)
+    # A strategy whose step is not synchronous data parallelism brings its own training loop,
+    # with session.train's signature; None: session.train.
+    train_loop: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -94,19 +99,20 @@ class Rebuilt:
         return self.training.loss
 
 
-def rebuild(request: BuildRequest) -> Rebuilt:
+def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False) -> Rebuilt:
     """Calls model_fn (and, for the optimizer form, minimize) in the current default graph with
-    variables placed as the plan says: PS shards and their optimizer slots on their server (TF's
-    partitioner splits variables the plan shards), the global step on PS 0 when there are PS
-    variables, everything else (model state, optimizers' other state, all ops) on this rank's
-    worker. Then takes this rank's own raw gradients for every variable the train op updates."""
+    variables placed as the plan says: the shards of `on_servers` (default: the PS route's
+    variables) and their optimizer slots on their server (TF's partitioner splits variables the
+    plan shards), the global step on PS 0 when there are such variables or `step_on_server`,
+    everything else (model state, optimizers' other state, all ops) on this rank's worker.
+    Then takes this rank's own raw gradients for every variable the train op updates."""
     plan, topo = request.plan, request.topology
+    on_servers = plan.on_route(ROUTE_PS) if on_servers is None else on_servers
     graph = tf.compat.v1.get_default_graph()
-    ps_device = {s.name: f"/job:ps/task:{s.server}" for v in plan.on_route(ROUTE_PS) for s in v.shards}
-    if plan.on_route(ROUTE_PS) and plan.global_step:
+    ps_device = {s.name: f"/job:ps/task:{s.server}" for v in on_servers for s in v.shards}
+    if (on_servers or step_on_server) and plan.global_step:
         ps_device[plan.global_step] = "/job:ps/task:0"   # one global step, read and advanced by all
-    auto_parts = {v.name: v.partitions for v in plan.on_route(ROUTE_PS)
-                  if v.partitions > 1 and not v.user_partitioned}
+    auto_parts = {v.name: v.partitions for v in on_servers if v.partitions > 1 and not v.user_partitioned}
     slot_prefixes = tuple(f"{name}/" for name in ps_device)
 
     def place(op):
@@ -142,7 +148,7 @@ def rebuild(request: BuildRequest) -> Rebuilt:
     if missing or extra:
         raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                          f"new {sorted(extra)}); model_fn must build the same graph every call")
-    sparse_on_ps = {v.name for v in plan.on_route(ROUTE_PS) if v.gradient == "sparse"}
+    sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
     with tf.device(topo.worker_device):
         grads = own_gradients(training, parts, sparse_on_ps)
     return Rebuilt(training=training, parts=parts, grads=grads)
@@ -220,8 +226,8 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
     out = {}
     for name, variables in parts.items():
         entry = entries.get(name)
-        if entry is not None and entry.shards and entry.route == ROUTE_PS:
-            by_name = {v.op.name: v for v in variables}
+        by_name = {v.op.name: v for v in variables}
+        if entry is not None and entry.shards and all(s.name in by_name for s in entry.shards):
             out[name] = [Part(by_name[s.name], s.row_start, s.row_end) for s in entry.shards]
         else:
             variables.sort(key=lambda v: v.op.name)

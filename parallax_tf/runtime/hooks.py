@@ -22,6 +22,7 @@ class StepStats:
         self.lower_bound: List[int] = []
         self.examples = 0
         self.checkpoint_requested = False               # the last step's collective decision
+        self.extras: Dict[str, object] = {}             # what a strategy's own loop reports
 
     def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
             cluster_moved: Optional[Dict[str, int]] = None) -> None:

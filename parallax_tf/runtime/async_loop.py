@@ -1,0 +1,210 @@
+"""The training loop of a rank that pushes and pulls asynchronously (strategies whose ranks never
+wait for each other: no per-step collective, no barrier, no token).
+
+Three threads share one session:
+- the trainer runs steps on the rank's local copy and drops each step's update into the
+  outbox (a queue of one on this rank's worker), so it never waits for the network;
+- the pusher empties the outbox into the servers, one push per run (the servers apply it);
+- the puller watches the global version and, whenever it moved, reads the global values into
+  whichever of two buffers the trainer is not about to read. Between steps the trainer swaps
+  the newest buffer into its local copy.
+A copy more than `max_staleness` versions behind (counting this rank's own pushes still in the
+outbox) makes the trainer wait for a fresh pull: bounded staleness. Every wait is bounded by
+--timeout_s and says what it waited for. Training stops once the pushes applied and in flight
+reach `steps` (the global step counts applied pushes).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.inspect_graph import make_feeds
+from parallax_tf.runtime.hooks import StepStats
+from parallax_tf.runtime.session import Diverged, PeerLost, batch_size
+
+POLL_S = 0.005      # how often the puller asks for the global version when it has not moved
+
+
+@dataclasses.dataclass
+class AsyncSpec:
+    """The graph pieces of an asynchronous push/pull rank (built by its rewriter)."""
+    step_targets: list              # per step: the update into the outbox, the model-state updates
+    step_bytes: tf.Tensor           # bytes the step's update and in-step server reads move
+    push: dict                      # one outbox entry into the servers: {"staleness", "version"}
+    close_outbox: tf.Operation
+    global_version: tf.Tensor       # the global step: advanced once per applied push
+    pulls: List[tf.Tensor]          # two: global values -> buffer b; each returns the version read
+    swaps: List[tf.Operation]       # two: local copy <- buffer b
+    pull_bytes: int                 # bytes one pull moves
+    max_staleness: int
+    route: str                      # the bytes are reported under this route
+
+
+class _Shared:
+    """What the three threads share, under one condition variable."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.applied_version = 0       # global version after this rank's last applied push
+        self.pending = 0               # this rank's pushes in the outbox or on their way
+        self.seen_version = 0          # newest global version the puller has seen
+        self.ready: Optional[int] = None   # buffer holding the newest pull not yet swapped in
+        self.ready_version = -1
+        self.pulled_bytes = 0
+        self.staleness = collections.Counter()     # pushes by the staleness the servers measured
+        self.copy_lag = collections.Counter()      # steps by how far behind their copy was at the start
+        self.error: Optional[BaseException] = None
+        self.stop = False
+
+
+def _pusher(sess, spec: AsyncSpec, shared: _Shared, timeout_ms: int) -> None:
+    options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
+    try:
+        while True:
+            try:
+                out = sess.run(spec.push, options=options)
+            except tf.errors.OutOfRangeError:     # outbox closed and empty: done
+                return
+            with shared.cond:
+                shared.applied_version = max(shared.applied_version, int(out["version"]))
+                shared.pending -= 1
+                shared.staleness[int(out["staleness"])] += 1
+                shared.cond.notify_all()
+    except BaseException as err:   # handed to the trainer, which raises it
+        with shared.cond:
+            shared.error = shared.error or err
+            shared.cond.notify_all()
+
+
+def _puller(sess, spec: AsyncSpec, shared: _Shared, have: int, timeout_ms: int) -> None:
+    options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
+    last_buffer = 0
+    try:
+        while not shared.stop:
+            version = int(sess.run(spec.global_version, options=options))
+            with shared.cond:
+                shared.seen_version = max(shared.seen_version, version)
+            if version <= have:
+                time.sleep(POLL_S)
+                continue
+            # the buffer the trainer is not going to read: not the one published last
+            target = 1 - last_buffer
+            with shared.cond:
+                if shared.ready == target:          # never overwrite what is published
+                    target = 1 - target
+            have = int(sess.run(spec.pulls[target], options=options))
+            last_buffer = target
+            with shared.cond:
+                shared.ready, shared.ready_version = target, have
+                shared.pulled_bytes += spec.pull_bytes
+                shared.cond.notify_all()
+    except BaseException as err:
+        with shared.cond:
+            shared.error = shared.error or err
+            shared.cond.notify_all()
+
+
+def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: int, steps: int, hooks, tracer,
+          guard, timeout_ms: int = 0, spec: AsyncSpec = None):
+    """Same contract as session.train: returns this rank's losses and step statistics."""
+    shared = _Shared()
+    timeout_s = timeout_ms / 1000 if timeout_ms else None
+    losses: List[float] = []
+    stats = StepStats()
+    copy_version = start
+    with guard("the first pull"):
+        if spec.pulls:
+            copy_version = int(sess.run(spec.pulls[0]))
+            sess.run(spec.swaps[0])
+    shared.applied_version = shared.seen_version = copy_version
+    threads = [threading.Thread(target=_pusher, args=(sess, spec, shared, timeout_ms), daemon=True,
+                                name="parallax-pusher")]
+    if spec.pulls:
+        threads.append(threading.Thread(target=_puller, args=(sess, spec, shared, copy_version, timeout_ms),
+                                        daemon=True, name="parallax-puller"))
+    for thread in threads:
+        thread.start()
+    fetches = {"loss": dgraph.loss, "targets": spec.step_targets, "bytes": spec.step_bytes}
+    local_step = 0
+    try:
+        while True:
+            with shared.cond:
+                _raise_if_failed(shared, guard)
+                known = max(shared.applied_version, shared.seen_version) + shared.pending
+                if known >= steps:
+                    break
+                lag_target = known - spec.max_staleness
+                if shared.ready is not None and shared.ready_version < lag_target:
+                    shared.ready = None          # too old to be worth a swap
+                if spec.pulls and copy_version < lag_target:    # bounded staleness: wait for a fresh pull
+                    with guard(f"waiting for the global values of version {lag_target} "
+                               f"(--max_staleness={spec.max_staleness})"):
+                        _wait(shared, lambda: shared.ready is not None and shared.ready_version >= lag_target,
+                              timeout_s, f"a pull of version >= {lag_target}")
+                elif not spec.pulls and shared.pending > spec.max_staleness:
+                    # nothing pulled: the step reads the servers, which must have this rank's pushes
+                    with guard(f"waiting for this rank's pushes (--max_staleness={spec.max_staleness})"):
+                        _wait(shared, lambda: shared.pending <= spec.max_staleness, timeout_s,
+                              "this rank's pushes to be applied")
+                ready, ready_version = shared.ready, shared.ready_version
+                if ready is not None and ready_version > copy_version:
+                    with guard("swapping in pulled values"):
+                        sess.run(spec.swaps[ready])
+                    copy_version, shared.ready = ready_version, None
+                fresh = copy_version if spec.pulls else known - shared.pending
+                shared.copy_lag[max(0, known - fresh)] += 1
+            ctx.step = start + local_step
+            feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
+            options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
+            begin = time.perf_counter()
+            with shared.cond:
+                shared.pending += 1          # counted before it can be applied
+            with guard(f"step {ctx.step}"):
+                out = sess.run(fetches, feeds, options=options)
+            seconds = time.perf_counter() - begin
+            local_step += 1
+            with shared.cond:
+                moved, shared.pulled_bytes = int(out["bytes"]) + shared.pulled_bytes, 0
+            stats.add(seconds, {spec.route: moved}, batch_size(feeds))
+            loss = float(out["loss"])
+            losses.append(loss)
+            if not np.isfinite(loss):
+                raise Diverged(f"rank {ctx.rank}: the loss is {loss} at its step {local_step}; training stopped. "
+                               "Lower the learning rate or check the input, then restart from the last checkpoint")
+            for hook in hooks:
+                hook.after_step(min(known + 1, steps), loss, stats)
+        with guard("the last pushes"):
+            with shared.cond:
+                _wait(shared, lambda: shared.pending == 0 or shared.error is not None, timeout_s,
+                      "this rank's last pushes to be applied")
+                _raise_if_failed(shared, guard)
+    finally:
+        shared.stop = True
+        try:
+            sess.run(spec.close_outbox)
+        except tf.errors.OpError:
+            pass
+        for thread in threads:
+            thread.join(timeout_s)
+    stats.extras["staleness"] = dict(sorted(shared.staleness.items()))
+    stats.extras["copy_lag"] = dict(sorted(shared.copy_lag.items()))
+    for hook in hooks:
+        hook.end(steps)
+    return losses, stats
+
+
+def _wait(shared: _Shared, condition, timeout_s, what: str) -> None:
+    if not shared.cond.wait_for(lambda: condition() or shared.error is not None, timeout_s):
+        raise PeerLost(f"waited {timeout_s:.0f}s for {what}; a server or another rank has probably stalled")
+
+
+def _raise_if_failed(shared: _Shared, guard) -> None:
+    if shared.error is not None:
+        with guard("a background push or pull"):
+            raise shared.error
