@@ -1,0 +1,68 @@
+"""PS+ (--strategy ps_plus) on real ranks. One rank with --max_staleness=0 (every step waits for
+its own push to come back) is single-device training; three ranks train asynchronously: every
+push is applied exactly once (the global step counts them), the servers' staleness histogram
+is reported, bounded staleness holds, the loss falls and every rank returns the same values."""
+import ast
+import functools
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from tests import launch
+from tests.test_equivalence import _check_case
+
+ONE_RANK_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adam", "dense_only", "sparse_only", "clip_decay_adam",
+                  "keras_bn", "minimize_gs")
+ASYNC_STEPS = 30
+
+
+@functools.lru_cache(maxsize=None)
+def one_rank_output() -> str:
+    out = tempfile.mkdtemp(prefix="ptf-psplus-1-")
+    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", out, "ps_plus", *ONE_RANK_CASES, "--max_staleness=0"],
+                            launcher="python")
+    assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
+    return out
+
+
+@pytest.mark.parametrize("name", ONE_RANK_CASES)
+def test_one_rank_is_single_device_training(name):
+    _check_case(one_rank_output(), name, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def three_ranks(max_staleness: int):
+    out = tempfile.mkdtemp(prefix="ptf-psplus-3-")
+    proc = launch.run_ranks(3, ["tests/jobs/train_case.py", "--case=mixed_momentum", f"--out={out}",
+                                "--strategy=ps_plus", f"--steps={ASYNC_STEPS}", "--log_every=0",
+                                f"--max_staleness={max_staleness}"])
+    assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
+    ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in range(3)]
+    return ranks, [ast.literal_eval(str(r["extras"])) for r in ranks]
+
+
+@pytest.mark.parametrize("max_staleness", (16, 1))
+def test_three_ranks_apply_every_push_exactly_once(max_staleness):
+    ranks, extras = three_ranks(max_staleness)
+    pushes = [sum(e["staleness"].values()) for e in extras]
+    global_step = int(ranks[0]["global_step"])
+    assert sum(pushes) == global_step, (pushes, global_step)      # no push lost, none applied twice
+    assert ASYNC_STEPS <= global_step <= ASYNC_STEPS + 2           # each rank stops once the budget is met
+    assert [len(r["losses"]) for r in ranks] == pushes             # one push per step
+    assert all(p > 0 for p in pushes)
+    for r in ranks[1:]:                                            # all return the final global values
+        for key in (k for k in ranks[0].files if k.startswith("var:")):
+            np.testing.assert_array_equal(r[key], ranks[0][key])
+    losses = np.concatenate([r["losses"] for r in ranks])
+    assert np.mean(losses[-len(losses) // 4:]) < np.mean(losses[:len(losses) // 4])
+
+
+@pytest.mark.parametrize("max_staleness", (16, 1))
+def test_bounded_staleness_and_histogram(max_staleness):
+    ranks, extras = three_ranks(max_staleness)
+    for e in extras:
+        assert all(isinstance(tau, int) and tau >= 0 for tau in e["staleness"])
+        assert max(e["copy_lag"]) <= max_staleness                 # no step ran on an older copy
+        assert sum(e["copy_lag"].values()) == sum(e["staleness"].values())
