@@ -66,9 +66,15 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         step_bytes = tf.add_n([tensor_bytes(g) for g in pushed.values()]
                               + [tensor_bytes(t) for t in _rows_read(rebuilt, rows_read, training.loss)]
                               or [tf.constant(0, tf.int64)])
+    with tf.device("/job:ps/task:0"), tf.compat.v1.colocate_with(None, ignore_existing=True):
+        # one ticket per step, taken before it runs: the ranks together push exactly --steps times
+        tickets = tf.Variable(global_step.initial_value, trainable=False, use_resource=True,
+                              name="parallax_ps0/tickets")
+        claim = tickets.assign_add(1)
+    state.saved_as[tickets.name] = (logical_name(global_step), 10**6)
     variables = tf.compat.v1.global_variables()
     on_server = [v for v in variables if "/job:ps" in v.device]
-    spec = async_loop.AsyncSpec(step_targets=step_targets, step_bytes=step_bytes, push=push,
+    spec = async_loop.AsyncSpec(claim=claim, step_targets=step_targets, step_bytes=step_bytes, push=push,
                                 close_outbox=outbox.close(cancel_pending_enqueues=True),
                                 global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
                                 pull_bytes=pull_bytes, max_staleness=int(params["max_staleness"]),

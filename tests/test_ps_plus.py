@@ -49,7 +49,7 @@ def test_three_ranks_apply_every_push_exactly_once(max_staleness):
     pushes = [sum(e["staleness"].values()) for e in extras]
     global_step = int(ranks[0]["global_step"])
     assert sum(pushes) == global_step, (pushes, global_step)      # no push lost, none applied twice
-    assert ASYNC_STEPS <= global_step <= ASYNC_STEPS + 2           # each rank stops once the budget is met
+    assert global_step == ASYNC_STEPS                              # the ranks share one budget of steps
     assert [len(r["losses"]) for r in ranks] == pushes             # one push per step
     assert all(p > 0 for p in pushes)
     for r in ranks[1:]:                                            # all return the final global values

@@ -11,7 +11,9 @@ Three threads share one session:
 A copy more than `max_staleness` versions behind (counting this rank's own pushes still in the
 outbox) makes the trainer wait for a fresh pull: bounded staleness. Every wait is bounded by
 --timeout_s and says what it waited for. Training stops once the pushes applied and in flight
-reach `steps` (the global step counts applied pushes).
+reach `steps` (the global step counts applied pushes): each step first takes a ticket from a
+counter on the servers, and a rank whose ticket is past `steps` stops, so the ranks together
+push exactly `steps` times.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ POLL_S = 0.005      # how often the puller asks for the global version when it h
 @dataclasses.dataclass
 class AsyncSpec:
     """The graph pieces of an asynchronous push/pull rank (built by its rewriter)."""
+    claim: tf.Tensor                # takes the next step's ticket (1, 2, ...) from a shared counter
     step_targets: list              # per step: the update into the outbox, the model-state updates
     step_bytes: tf.Tensor           # bytes the step's update and in-step server reads move
     push: dict                      # one outbox entry into the servers: {"staleness", "version"}
@@ -134,6 +137,9 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
     local_step = 0
     try:
         while True:
+            with guard("taking a step ticket"):
+                if int(sess.run(spec.claim)) > steps:
+                    break
             with shared.cond:
                 _raise_if_failed(shared, guard)
                 known = max(shared.applied_version, shared.seen_version) + shared.pending
