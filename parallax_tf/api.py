@@ -19,7 +19,7 @@ from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
-from parallax_tf.runtime import launch, quiet, session
+from parallax_tf.runtime import launch, launcher, quiet, session
 from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
@@ -39,7 +39,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if opts.plan_only:
         return _plan_only(model_fn, input_fn, opts)
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
-        sys.exit(launch.launch_local(opts.np, opts.timeout_s, opts.verbose))
+        sys.exit(launch.launch_local(opts.np, opts.verbose))
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
@@ -80,7 +80,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
-    watchdog = Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"]))).start() if topo.size > 1 else None
+    watchdog = _watchdog(topo, cluster, dgraph) if topo.size > 1 else None
+    alive = watchdog.alive if watchdog else (lambda: {topo.rank})
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
                               lost=watchdog.lost if watchdog else None)
     peer_lost = False
@@ -96,12 +97,12 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
-            sess.run(dgraph.barrier)
+            dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
             variables = state_io.read(sess, keys=results)
             global_step = int(sess.run(dgraph.global_step))
             if watchdog:            # peers may leave once the barrier below lets them
                 watchdog.stop()
-            sess.run(dgraph.barrier)    # nobody leaves (and stops its servers) while others read
+            dgraph.barrier.wait(sess, "read", alive, opts.timeout_s)   # nobody stops its servers while others read
     except session.PeerLost:
         peer_lost = True
         raise
@@ -112,7 +113,11 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             if watchdog:
                 watchdog.stop()
             sess.close()
-            tf.compat.v1.Session.reset(cluster.target, [run_id])
+            # frees this run's variables on every server of the job: only a rank that leaves
+            # when no other rank still needs them, and never with a rank gone (the reset would
+            # wait for its server forever)
+            if dgraph.barrier.leaves_last(topo.rank) and alive() == set(range(topo.size)):
+                tf.compat.v1.Session.reset(cluster.target, [run_id])
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
                     bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
@@ -125,6 +130,16 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     if topo.is_chief and opts.log_every:
         _print_summary(result)
     return result
+
+
+def _watchdog(topo, cluster, dgraph) -> Watchdog:
+    """Watches the other ranks. A job whose graph survives the loss of a rank that holds no
+    server state tells the launcher (parallax_tf's own) which ranks those are, so that it does
+    not stop the others when one of them exits."""
+    expendable = set(range(topo.size)) - set(topo.server_ranks) if dgraph.survivable_loss else set()
+    if topo.is_chief and expendable:
+        launcher.write_expendable(expendable, dgraph.survivable_loss)
+    return Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"])), expendable=expendable).start()
 
 
 def _start_values(store, captured, state_io):

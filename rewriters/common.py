@@ -36,6 +36,15 @@ class Topology:
     def worker_device(self) -> str:
         return f"/job:worker/task:{self.rank}"
 
+    @property
+    def server_ranks(self) -> List[int]:
+        """The ranks whose process runs their host's PS server: the first rank of each host."""
+        firsts, start = [], 0
+        for count in self.ranks_per_host:
+            firsts.append(start)
+            start += count
+        return firsts
+
     def host_of(self, rank: int) -> int:
         start = 0
         for host, count in enumerate(self.ranks_per_host):
@@ -66,7 +75,7 @@ class DistributedGraph:
     chief_init: List[tf.Operation]              # run once by rank 0: PS state, slots, step
     local_init: tf.Operation                    # run by every rank: local replicas' state
     broadcast: Optional[tf.Operation]           # dense replicas from rank 0 to all
-    barrier: tf.Operation                       # a cross-rank rendezvous
+    barrier: object                             # runtime.barriers: the run's rendezvous points
     bytes_per_step: Dict[str, tf.Tensor]        # route -> bytes this rank moved in the step
     lower_bound_bytes: tf.Tensor = None         # the least the plan's variables need per step
     global_step_var: tf.Variable = None
@@ -85,6 +94,9 @@ class DistributedGraph:
     # A strategy whose step is not synchronous data parallelism brings its own training loop,
     # with session.train's signature; None: session.train.
     train_loop: Optional[Callable] = None
+    # Why the job may go on without a rank that holds no server state ("": it may not; a lost
+    # rank stops every rank).
+    survivable_loss: str = ""
 
 
 @dataclasses.dataclass
@@ -238,13 +250,6 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
                 start += rows
             out[name] = pieces
     return out
-
-
-def barrier_op(name: str) -> tf.Operation:
-    import horovod.tensorflow as hvd
-    # The input must not be a constant: grappler would fold the allreduce on the first run and
-    # every later run of the cached graph would pass without waiting for anyone.
-    return hvd.allreduce(tf.random.uniform([]), op=hvd.Sum, name=name).op
 
 
 def step_report(loss, byte_counts: Dict[str, tf.Tensor], size: int):

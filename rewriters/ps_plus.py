@@ -27,9 +27,10 @@ from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import WRITE_OPS, logical_name
 from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_LOCAL
 from parallax_tf.runtime import async_loop
+from parallax_tf.runtime.barriers import ArrivalBarrier
 from parallax_tf.values import Part
 from rewriters import transform as transform_lib
-from rewriters.common import BuildRequest, DistributedGraph, ancestors, barrier_op, rebuild, tensor_bytes
+from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, tensor_bytes
 
 _OPTIMIZERS = {tf.compat.v1.train.GradientDescentOptimizer: "sgd", tf.compat.v1.train.MomentumOptimizer: "momentum",
                tf.compat.v1.train.AdamOptimizer: "adam"}
@@ -72,6 +73,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                               name="parallax_ps0/tickets")
         claim = tickets.assign_add(1)
     state.saved_as[tickets.name] = (logical_name(global_step), 10**6)
+    barrier = ArrivalBarrier(topo.rank, topo.size, topo.server_ranks)
     variables = tf.compat.v1.global_variables()
     on_server = [v for v in variables if "/job:ps" in v.device]
     spec = async_loop.AsyncSpec(claim=claim, step_targets=step_targets, step_bytes=step_bytes, push=push,
@@ -82,13 +84,14 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     dgraph = DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=training.loss,
         train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
-        chief_init=[tf.compat.v1.variables_initializer(on_server)],
+        chief_init=[tf.compat.v1.variables_initializer(on_server)] + barrier.init_ops,
         local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
                             tf.compat.v1.local_variables_initializer()),
-        broadcast=None, barrier=barrier_op("parallax_barrier"), bytes_per_step={},
+        broadcast=None, barrier=barrier, bytes_per_step={},
         global_step_var=global_step, optimizers=[(state, state.slotted)],
         working_copies=state.working_copies, saved_as=state.saved_as,
-        train_loop=functools.partial(async_loop.train, spec=spec))
+        train_loop=functools.partial(async_loop.train, spec=spec),
+        survivable_loss="ps_plus ranks never wait for each other; this one held no server state")
     return dgraph
 
 

@@ -19,7 +19,8 @@ from parallax_tf.inspect_graph import WRITE_OPS
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
-from rewriters.common import BuildRequest, DistributedGraph, ancestors, barrier_op, rebuild, step_report
+from parallax_tf.runtime.barriers import CollectiveBarrier
+from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, step_report
 from rewriters.ps_route import PSRoute
 
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
@@ -111,7 +112,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
-        broadcast=broadcast, barrier=barrier_op("parallax_barrier"),
+        broadcast=broadcast, barrier=CollectiveBarrier(),
         bytes_per_step=byte_counts, global_step_var=global_step,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),

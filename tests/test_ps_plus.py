@@ -1,10 +1,12 @@
 """PS+ (--strategy ps_plus) on real ranks. One rank with --max_staleness=0 (every step waits for
 its own push to come back) is single-device training; three ranks train asynchronously: every
 push is applied exactly once (the global step counts them), the servers' staleness histogram
-is reported, bounded staleness holds, the loss falls and every rank returns the same values."""
+is reported, bounded staleness holds, the loss falls and every rank returns the same values.
+A rank killed mid-run: without server state the others finish; with it the job stops, naming it."""
 import ast
 import functools
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -66,3 +68,44 @@ def test_bounded_staleness_and_histogram(max_staleness):
         assert all(isinstance(tau, int) and tau >= 0 for tau in e["staleness"])
         assert max(e["copy_lag"]) <= max_staleness                 # no step ran on an older copy
         assert sum(e["copy_lag"].values()) == sum(e["staleness"].values())
+
+
+KILL_STEPS, KILL_AT = 300, 3
+
+
+def _kill_run(victim: int):
+    out = tempfile.mkdtemp(prefix="ptf-psplus-kill-")
+    proc = launch.run_ranks(1, ["tests/jobs/train_case.py", "--np=3", "--case=mixed_momentum", f"--out={out}",
+                                "--strategy=ps_plus", f"--steps={KILL_STEPS}", "--log_every=0",
+                                f"--die_at_step={KILL_AT}", f"--die_rank={victim}"], launcher="python", timeout=240)
+    return proc, out
+
+
+def test_a_killed_rank_without_server_state_leaves_the_others_to_finish():
+    proc, out = _kill_run(victim=2)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, launch.tail(proc)
+    assert "rank 2 on localhost exited with status 137; the other ranks go on without it" in output
+    for rank in (0, 1):
+        assert f"parallax_tf rank {rank}: rank 2 (" in output                # each survivor noticed, by name
+    ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in (0, 1)]
+    assert not os.path.exists(os.path.join(out, "mixed_momentum.rank2.npz"))
+    pushes = [len(r["losses"]) for r in ranks]
+    global_step = int(ranks[0]["global_step"])
+    # rank 2 claimed KILL_AT + 1 tickets and pushed at most KILL_AT of them (its last outbox
+    # entries may die with it); the survivors used every other ticket
+    assert sum(pushes) == KILL_STEPS - KILL_AT - 1, pushes
+    assert sum(pushes) + KILL_AT - 2 <= global_step <= sum(pushes) + KILL_AT, (pushes, global_step)
+    for key in (k for k in ranks[0].files if k.startswith("var:")):
+        np.testing.assert_array_equal(ranks[1][key], ranks[0][key])
+    losses = ranks[0]["losses"]
+    assert np.mean(losses[-20:]) < np.mean(losses[:20])
+
+
+def test_a_killed_server_rank_stops_the_job_and_is_named():
+    proc, out = _kill_run(victim=0)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "rank 0 on localhost exited with status 137; stopping the other ranks" in output
+    assert re.search(r"parallax_tf rank [12]: .*lost: rank 0 \(", output), launch.tail(proc)
+    assert not [f for f in os.listdir(out) if f.endswith(".npz")]

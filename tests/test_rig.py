@@ -86,3 +86,37 @@ def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():
         assert plan[sparse].route == "ps" and plan[sparse].partitions >= 8, plan[sparse]
         assert "cost model: predicted step" in plan[sparse].reason
     assert plan["lstm/kernel"].route == "allreduce"
+
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
+
+
+def test_cpu_quota_per_host_slow_host_and_teardown():
+    from tools import cpu_quota
+    proc = _run(["tools.cluster", "--hosts=2", "--slow_hosts=1:4", "--", sys.executable, "-c", BUSY])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if not (netns.have_root() and cpu_quota.available()):
+        assert "no CPU quota" in proc.stderr
+        return
+    used = {int(h): (float(s), float(q)) for h, s, q in
+            re.findall(r"h(\d) ([\d.]+)s/([\d.]+)cpu", proc.stderr)}
+    cores = os.cpu_count()
+    assert used[0][1] == pytest.approx(cores / 2, abs=0.01) and used[1][1] == pytest.approx(cores / 8, abs=0.01)
+    # 3 s of spinning: host 0 may use its whole core; host 1 only a quarter of one
+    assert used[0][0] > 2.0, used
+    assert used[1][0] < 3 * cores / 8 + 0.3, used
+    assert cpu_quota.existing_groups() == [] and netns.existing_namespaces() == []
+
+
+def test_cpu_quota_flags_are_checked():
+    from tools import cpu_quota
+    assert cpu_quota.quotas(4, "auto", {}, cores=2) == [0.5] * 4
+    assert cpu_quota.quotas(2, "1.5", cpu_quota.parse_slow_hosts("1:3", 2)) == [1.5, 0.5]
+    assert cpu_quota.quotas(2, "off", {}) is None
+    for bad in ("2:4", "0:0.5", "x"):
+        with pytest.raises(ValueError, match="--slow_hosts"):
+            cpu_quota.parse_slow_hosts(bad, 2)
+    with pytest.raises(ValueError, match="--host_cpus"):
+        cpu_quota.quotas(2, "-1", {})
+    with pytest.raises(ValueError, match="needs a CPU quota"):
+        cpu_quota.quotas(2, "off", {1: 2.0})

@@ -61,7 +61,7 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
         if is_chief:
             sess.run(dgraph.chief_init)
             state_io.load(sess, values)
-        sess.run(dgraph.barrier)        # nobody trains before PS variables are initialised
+        dgraph.barrier.wait(sess, "initialised")     # nobody trains before PS variables are initialised
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)
         return int(sess.run(dgraph.global_step))

@@ -3,7 +3,10 @@
 Two ways a rank learns a peer is gone: the peer's gRPC server stops accepting connections
 (probed every `interval` seconds), or the launcher sends SIGTERM after a rank died. A rank
 blocked inside session.run cannot run a Python signal handler, so the signal is routed to a
-wakeup pipe that this thread watches."""
+wakeup pipe that this thread watches.
+
+Peers in `expendable` (ranks the job can go on without) are only noted when they stop
+answering: they drop out of `alive()` and this rank goes on."""
 from __future__ import annotations
 
 import os
@@ -13,15 +16,19 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict
+from typing import Dict, Iterable, Set
 
 LOST_RANK_EXIT = 75
 
 
 class Watchdog:
-    def __init__(self, rank: int, peers: Dict[int, str], interval: float = 1.0, misses: int = 2):
+    def __init__(self, rank: int, peers: Dict[int, str], interval: float = 1.0, misses: int = 2,
+                 expendable: Iterable[int] = ()):
         self.rank, self.interval, self.misses = rank, interval, misses
         self.peers = {r: a for r, a in peers.items() if r != rank}
+        self.everyone = set(peers) | {rank}
+        self.expendable = set(expendable) - {rank}
+        self.gone: Dict[int, str] = {}      # expendable peers that stopped answering
         self._stop = threading.Event()
         self._thread = None
         self._wake_r = self._wake_w = None
@@ -47,8 +54,12 @@ class Watchdog:
             os.close(self._wake_w)
             self._old = None
 
+    def alive(self) -> Set[int]:
+        """The ranks not known to be gone (this one included)."""
+        return self.everyone - set(self.gone)
+
     def _watch(self) -> None:
-        missed = 0
+        missed, strikes = 0, {}
         while not self._stop.is_set():
             if self._wake_r is not None:
                 ready, _, _ = select.select([self._wake_r], [], [], self.interval)
@@ -58,13 +69,25 @@ class Watchdog:
                 self._stop.wait(self.interval)
             if self._stop.is_set():
                 return
-            missed = missed + 1 if self._unreachable() else 0
+            unreachable = self._unreachable()
+            for rank in self.expendable - set(self.gone):
+                strikes[rank] = strikes.get(rank, 0) + 1 if rank in unreachable else 0
+                if strikes[rank] >= self.misses:
+                    self._note_gone(rank, unreachable[rank])
+            missed = missed + 1 if set(unreachable) - self.expendable else 0
             if missed >= self.misses:
                 self._die("a peer stopped answering", LOST_RANK_EXIT)
 
+    def _note_gone(self, rank: int, address: str) -> None:
+        self.gone[rank] = address
+        del self.peers[rank]
+        sys.stderr.write(f"parallax_tf rank {self.rank}: rank {rank} ({address}) stopped answering; it holds no "
+                         "server state, so this rank goes on without it\n")
+        sys.stderr.flush()
+
     def _unreachable(self) -> Dict[int, str]:
         gone = {}
-        for rank, address in self.peers.items():
+        for rank, address in list(self.peers.items()):
             host, port = address.rsplit(":", 1)
             try:
                 with socket.create_connection((host, int(port)), timeout=min(2.0, self.interval * 2)):
@@ -83,6 +106,7 @@ class Watchdog:
                 break
             time.sleep(0.5)
             gone = self._unreachable()
+        gone.update(self.gone)
         return ", ".join(f"rank {r} ({a})" for r, a in sorted(gone.items())) or "no rank found unreachable"
 
     def _die(self, why: str, code: int) -> None:

@@ -1,0 +1,119 @@
+"""Starts a job's ranks through Horovod's gloo rendezvous and watches them.
+
+    python parallax_tf/runtime/launcher.py --np 4 -- python train.py --strategy ps_plus
+
+Run as a script path, not `-m`: it imports nothing but the standard library and Horovod's
+launcher, so the helper process Horovod spawns per rank (which re-imports the main module)
+starts in a moment instead of importing TensorFlow.
+
+Horovod's own launcher stops every rank when any rank fails. Here the job decides: once it
+knows which ranks it can lose (a strategy whose ranks never wait for each other can lose any
+rank that holds no server state), rank 0 writes them to $PARALLAX_JOB_DIR/expendable.json.
+When one of those exits, the others go on and the job's status is theirs; when any other
+rank fails, every rank is stopped, as horovodrun does."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import types
+from typing import Callable, List, Optional
+
+JOB_DIR_ENV = "PARALLAX_JOB_DIR"
+EXPENDABLE_FILE = "expendable.json"
+
+
+def write_expendable(ranks, why: str) -> None:
+    """Called by rank 0 of a job started here: these ranks may die without stopping the job."""
+    job_dir = os.environ.get(JOB_DIR_ENV)
+    if not job_dir:
+        return
+    path = os.path.join(job_dir, EXPENDABLE_FILE)
+    with open(path + ".tmp", "w") as out:
+        json.dump({"ranks": sorted(ranks), "why": why}, out)
+    os.replace(path + ".tmp", path)
+
+
+def _expendable(job_dir: str) -> dict:
+    try:
+        with open(os.path.join(job_dir, EXPENDABLE_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"ranks": [], "why": ""}
+
+
+def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
+        wrap: Optional[Callable] = None, timeout_s: float = 0) -> int:
+    """Runs `command` as `num_proc` ranks on `hosts` (Horovod's "h1:2,h2:2" syntax) and returns
+    the job's status: the first failure of a rank the job could not lose, else 0. `wrap(cmd,
+    slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace)."""
+    from horovod.runner import gloo_run
+    from horovod.runner.common.util import safe_shell_exec
+    job_dir = tempfile.mkdtemp(prefix="parallax-job-")
+    env = dict(env, **{JOB_DIR_ENV: job_dir})
+    settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
+                                     elastic=False, prefix_output_with_timestamp=False)
+    stop_all = threading.Event()
+    failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
+    lock = threading.Lock()
+    timer = None
+    if timeout_s:
+        def expire():
+            print(f"parallax_tf launcher: the job ran past {timeout_s:.0f}s; stopping every rank",
+                  file=sys.stderr, flush=True)
+            with lock:
+                failures.append(124)
+            stop_all.set()
+        timer = threading.Timer(timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+
+    def exec_rank(cmd, slot_info, events):
+        rank = slot_info.rank
+        events = list(events or []) + [stop_all]
+        code = safe_shell_exec.execute(wrap(cmd, slot_info) if wrap else cmd, index=rank, events=events)
+        if code == 0:
+            return 0, 0.0
+        if any(event.is_set() for event in events):      # stopped by us or by a signal to us
+            with lock:
+                failures.append(code)
+            return 0, 0.0
+        survivable = _expendable(job_dir)
+        if rank in survivable["ranks"]:
+            print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
+                  f"the other ranks go on without it ({survivable['why']})", file=sys.stderr, flush=True)
+            return 0, 0.0
+        print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
+              "stopping the other ranks", file=sys.stderr, flush=True)
+        with lock:
+            failures.insert(0, code)
+        stop_all.set()
+        return 0, 0.0
+
+    try:
+        # exec_rank reports every rank as finished: the statuses that matter are in `failures`
+        gloo_run.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip)
+    finally:
+        if timer:
+            timer.cancel()
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return failures[0] if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, required=True, help="ranks on this host")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the rank's command after --")
+    return run(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
