@@ -20,7 +20,7 @@ from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, launcher, quiet, session
-from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries
+from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries, format_histogram
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
 
@@ -100,6 +100,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
             variables = state_io.read(sess, keys=results)
             global_step = int(sess.run(dgraph.global_step))
+            histograms = dgraph.final_report(sess) if dgraph.final_report else {}
+            for hook in hooks:
+                hook.final(global_step, histograms)
             if watchdog:            # peers may leave once the barrier below lets them
                 watchdog.stop()
             dgraph.barrier.wait(sess, "read", alive, opts.timeout_s)   # nobody stops its servers while others read
@@ -126,7 +129,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     cpu_s_per_step=cpu / max(1, len(stats.times)),
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
-                    checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras)
+                    checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
+                    histograms=histograms)
     if topo.is_chief and opts.log_every:
         _print_summary(result)
     return result
@@ -215,9 +219,14 @@ def _bound_horovod_stalls(timeout_s: int) -> None:
 
 
 def _print_summary(result: Result) -> None:
-    moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(result.cluster_bytes_per_step.items()) if b)
+    routes, whose = (result.cluster_bytes_per_step, "all ranks") if result.cluster_bytes_per_step \
+        else (result.bytes_per_step, "this rank")
+    moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(routes.items()) if b)
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
     steps = result.global_step - result.start_step
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
-          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step (all ranks): "
+          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step ({whose}): "
           f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}", flush=True)
+    for name, by_rank in sorted(result.histograms.items()):
+        for rank, counts in sorted(by_rank.items()):
+            print(f"{name} rank {rank}: {format_histogram(counts)}", flush=True)

@@ -49,3 +49,6 @@ class Result:
     link_bytes: Optional[Dict[str, int]] = None   # this host's link tx/rx over the training loop
     extras: Dict[str, object] = dataclasses.field(default_factory=dict)   # a strategy's own figures
                                        # (ps_plus: "staleness", pushes per staleness on this rank)
+    # per-rank histograms a strategy reports at the end, the same on every rank: name -> rank ->
+    # bucket -> count (ps_plus: "staleness", pushes applied by staleness, as the servers counted)
+    histograms: Dict[str, Dict[int, Dict[int, int]]] = dataclasses.field(default_factory=dict)

@@ -63,6 +63,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     with tf.device(topo.worker_device):
         step_targets, outbox, outbox_layout = _outbox(state, pushed, training)
         push = _push(state, outbox, outbox_layout, optimizer, kind, params)
+        histogram = _count_staleness(push, topo)
         pulls, swaps, pull_bytes = _pull_buffers(state)
         step_bytes = tf.add_n([tensor_bytes(g) for g in pushed.values()]
                               + [tensor_bytes(t) for t in _rows_read(rebuilt, rows_read, training.loss)]
@@ -80,17 +81,18 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                                 close_outbox=outbox.close(cancel_pending_enqueues=True),
                                 global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
                                 pull_bytes=pull_bytes, max_staleness=int(params["max_staleness"]),
-                                route=ROUTE_ASYNC_PS)
+                                route=ROUTE_ASYNC_PS, histogram=histogram.read_value())
     dgraph = DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=training.loss,
         train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
-        chief_init=[tf.compat.v1.variables_initializer(on_server)] + barrier.init_ops,
+        chief_init=[tf.compat.v1.variables_initializer(on_server), histogram.initializer] + barrier.init_ops,
         local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
                             tf.compat.v1.local_variables_initializer()),
         broadcast=None, barrier=barrier, bytes_per_step={},
         global_step_var=global_step, optimizers=[(state, state.slotted)],
         working_copies=state.working_copies, saved_as=state.saved_as,
         train_loop=functools.partial(async_loop.train, spec=spec),
+        final_report=functools.partial(async_loop.final_report, spec=spec),
         survivable_loss="ps_plus ranks never wait for each other; this one held no server state")
     return dgraph
 
@@ -283,6 +285,19 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> 
         if task == 0:
             staleness, version = tau, after
     return {"staleness": staleness, "version": version}
+
+
+def _count_staleness(push: dict, topo):
+    """Pushes by rank and staleness, counted on PS 0 as each is applied (the last bucket holds
+    every tau >= STALENESS_BUCKETS - 1). Not model state: in no collection, set up by rank 0."""
+    buckets = async_loop.STALENESS_BUCKETS
+    with tf.device("/job:ps/task:0"), tf.compat.v1.colocate_with(None, ignore_existing=True):
+        histogram = tf.compat.v1.Variable(tf.zeros([topo.size, buckets], tf.int64), trainable=False,
+                                          use_resource=True, collections=[], name="parallax_ps0/staleness")
+        bucket = tf.clip_by_value(tf.cast(push["staleness"], tf.int64), 0, buckets - 1)
+        where = tf.reshape(tf.stack([tf.constant(topo.rank, tf.int64), bucket]), [1, 2])
+        push["counted"] = histogram.scatter_nd_add(where, tf.ones([1], tf.int64)).op
+    return histogram
 
 
 def _hyper(optimizer, kind: str):

@@ -35,13 +35,18 @@ def test_one_rank_is_single_device_training(name):
 
 
 @functools.lru_cache(maxsize=None)
-def three_ranks(max_staleness: int):
+def three_ranks_run(max_staleness: int):
     out = tempfile.mkdtemp(prefix="ptf-psplus-3-")
     proc = launch.run_ranks(3, ["tests/jobs/train_case.py", "--case=mixed_momentum", f"--out={out}",
-                                "--strategy=ps_plus", f"--steps={ASYNC_STEPS}", "--log_every=0",
-                                f"--max_staleness={max_staleness}"])
+                                "--strategy=ps_plus", f"--steps={ASYNC_STEPS}", f"--log_every={ASYNC_STEPS}",
+                                f"--max_staleness={max_staleness}", f"--logdir={out}/tb"])
     assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
     ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in range(3)]
+    return proc, out, ranks
+
+
+def three_ranks(max_staleness: int):
+    _, _, ranks = three_ranks_run(max_staleness)
     return ranks, [ast.literal_eval(str(r["extras"])) for r in ranks]
 
 
@@ -68,6 +73,24 @@ def test_bounded_staleness_and_histogram(max_staleness):
         assert all(isinstance(tau, int) and tau >= 0 for tau in e["staleness"])
         assert max(e["copy_lag"]) <= max_staleness                 # no step ran on an older copy
         assert sum(e["copy_lag"].values()) == sum(e["staleness"].values())
+
+
+def test_staleness_histogram_per_rank_in_result_summary_and_tensorboard():
+    proc, out, ranks = three_ranks_run(16)
+    by_rank = [ast.literal_eval(str(r["histograms"]))["staleness"] for r in ranks]
+    assert by_rank[0] == by_rank[1] == by_rank[2]                  # the servers' count, read by every rank
+    extras = [ast.literal_eval(str(r["extras"])) for r in ranks]
+    for rank, e in enumerate(extras):                              # what the servers counted is what each
+        assert by_rank[0][rank] == e["staleness"]                  # rank's pusher was told
+    assert sum(sum(c.values()) for c in by_rank[0].values()) == int(ranks[0]["global_step"])
+    for rank in range(3):                                          # one summary line per rank
+        assert re.search(rf"^(\[0\]<stdout>:)?staleness rank {rank}: .*\(mean [\d.]+, max \d+, n \d+\)$",
+                         proc.stdout, re.M), proc.stdout[-2000:]
+    import tensorflow as tf
+    events = [os.path.join(out, "tb", f) for f in os.listdir(os.path.join(out, "tb"))]
+    tags = {v.tag for path in events for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
+            if v.HasField("histo")}
+    assert {"staleness/rank0", "staleness/rank1", "staleness/rank2"} <= tags, tags
 
 
 KILL_STEPS, KILL_AT = 300, 3

@@ -31,6 +31,7 @@ from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.session import Diverged, PeerLost, batch_size
 
 POLL_S = 0.005      # how often the puller asks for the global version when it has not moved
+STALENESS_BUCKETS = 64   # the servers count pushes by staleness 0..62 and >= 63
 
 
 @dataclasses.dataclass
@@ -47,6 +48,7 @@ class AsyncSpec:
     pull_bytes: int                 # bytes one pull moves
     max_staleness: int
     route: str                      # the bytes are reported under this route
+    histogram: tf.Tensor = None     # [ranks, STALENESS_BUCKETS]: pushes applied by rank and staleness
 
 
 class _Shared:
@@ -134,7 +136,10 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
     for thread in threads:
         thread.start()
     fetches = {"loss": dgraph.loss, "targets": spec.step_targets, "bytes": spec.step_bytes}
+    if ctx.rank == 0 and spec.histogram is not None:    # live, for TensorBoard (PS 0 is in this process)
+        fetches["histogram"] = spec.histogram
     local_step = 0
+    applied, batch = copy_version, 0     # global version at this rank's last step; examples per step
     try:
         while True:
             with guard("taking a step ticket"):
@@ -177,7 +182,13 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
             local_step += 1
             with shared.cond:
                 moved, shared.pulled_bytes = int(out["bytes"]) + shared.pulled_bytes, 0
-            stats.add(seconds, {spec.route: moved}, batch_size(feeds))
+                # examples/s counts every rank's steps, as a synchronous run's does: the pushes
+                # applied cluster-wide since this rank's last step, times its batch
+                applied, counted = max(shared.applied_version, shared.seen_version), applied
+            batch = batch_size(feeds)
+            stats.add(seconds, {spec.route: moved}, batch * max(0, applied - counted))
+            if "histogram" in out:
+                stats.histograms["staleness"] = histogram_by_rank(out["histogram"])
             loss = float(out["loss"])
             losses.append(loss)
             if not np.isfinite(loss):
@@ -198,11 +209,23 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
             pass
         for thread in threads:
             thread.join(timeout_s)
+    with shared.cond:      # the pushes applied after this rank's last step
+        stats.examples += batch * max(0, max(shared.applied_version, shared.seen_version) - applied)
     stats.extras["staleness"] = dict(sorted(shared.staleness.items()))
     stats.extras["copy_lag"] = dict(sorted(shared.copy_lag.items()))
     for hook in hooks:
         hook.end(steps)
     return losses, stats
+
+
+def final_report(sess, spec: AsyncSpec) -> dict:
+    """Once every rank's pushes are in: the servers' count of pushes by rank and staleness."""
+    return {"staleness": histogram_by_rank(sess.run(spec.histogram))} if spec.histogram is not None else {}
+
+
+def histogram_by_rank(matrix) -> dict:
+    """{rank: {staleness: pushes}} from the servers' [ranks, buckets] counts (empty cells left out)."""
+    return {rank: {tau: int(n) for tau, n in enumerate(row) if n} for rank, row in enumerate(matrix)}
 
 
 def _wait(shared: _Shared, condition, timeout_s, what: str) -> None:

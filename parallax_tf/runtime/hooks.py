@@ -23,6 +23,8 @@ class StepStats:
         self.examples = 0
         self.checkpoint_requested = False               # the last step's collective decision
         self.extras: Dict[str, object] = {}             # what a strategy's own loop reports
+        # live per-rank histograms a strategy's loop keeps: name -> rank -> bucket -> count
+        self.histograms: Dict[str, Dict[int, Dict[int, int]]] = {}
 
     def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
             cluster_moved: Optional[Dict[str, int]] = None) -> None:
@@ -55,6 +57,9 @@ class Hook:
     def end(self, step: int) -> None:
         """Training stopped after `step` steps (also on errors)."""
 
+    def final(self, step: int, histograms: Dict[str, Dict[int, Dict[int, int]]]) -> None:
+        """Every rank's updates are in: the strategy's end-of-run per-rank histograms."""
+
 
 class Progress(Hook):
     """A line every `every` steps; on a terminal, a bar redrawn in place between them."""
@@ -63,15 +68,19 @@ class Progress(Hook):
         self.total, self.every = total, every
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
+        self.previous = None   # the step of the last call (an asynchronous run's steps can jump)
 
     def after_step(self, step, loss, stats):
         step_s, rate = stats.recent_rate()
         eta = (self.total - step) * step_s
-        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(stats.cluster_bytes.items())
-                         if v[-1])
+        # ranks that never meet (asynchronous strategies) cannot add theirs up: this rank's own
+        routes, whose = (stats.cluster_bytes, "all ranks") if stats.cluster_bytes else (stats.bytes, "this rank")
+        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(routes.items()) if v[-1])
         line = (f"step {step}/{self.total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
-                f"eta {eta:.0f}s bytes/step (all ranks) {moved or '0'}")
-        if step % self.every == 0 or step == self.total:
+                f"eta {eta:.0f}s bytes/step ({whose}) {moved or '0'}")
+        previous = step - 1 if self.previous is None else self.previous
+        self.previous = step
+        if step // self.every > previous // self.every or step == self.total:
             self.stream.write(("\r\x1b[2K" if self.live else "") + line + "\n")
         elif self.live:
             done = int(30 * step / max(1, self.total))
@@ -129,10 +138,45 @@ class Summaries(Hook):
         values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
         summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))
                                               for tag, v in values.items()])
+        self._add_histograms(summary, stats.histograms)
         self.writer.add_summary(summary, step)
 
     def end(self, step):
         self.writer.flush()
+
+    def final(self, step, histograms):
+        if histograms:
+            summary = tf.compat.v1.Summary()
+            self._add_histograms(summary, histograms)
+            self.writer.add_summary(summary, step)
+            self.writer.flush()
+
+    @staticmethod
+    def _add_histograms(summary, histograms) -> None:
+        for name, by_rank in histograms.items():
+            summary.value.extend(tf.compat.v1.Summary.Value(tag=f"{name}/rank{rank}", histo=histogram_proto(counts))
+                                 for rank, counts in sorted(by_rank.items()) if counts)
+
+
+def histogram_proto(counts: Dict[int, int]):
+    """A TensorBoard histogram of integer values from {value: count}: one bucket per value."""
+    values = sorted(counts)
+    total = sum(counts.values())
+    return tf.compat.v1.HistogramProto(
+        min=float(values[0]), max=float(values[-1]), num=float(total),
+        sum=float(sum(v * n for v, n in counts.items())), sum_squares=float(sum(v * v * n for v, n in counts.items())),
+        bucket_limit=[v + 0.5 for v in values], bucket=[float(counts[v]) for v in values])
+
+
+def format_histogram(counts: Dict[int, int], limit: int = 12) -> str:
+    """'0:8 1:85 2:66 ... (mean 1.9, max 6, n 219)': the `limit` most common values in order."""
+    total = sum(counts.values())
+    if not total:
+        return "none"
+    shown = sorted(sorted(counts, key=lambda v: -counts[v])[:limit])
+    mean = sum(v * n for v, n in counts.items()) / total
+    return " ".join(f"{v}:{counts[v]}" for v in shown) + ("" if len(shown) == len(counts) else " ...") + \
+        f" (mean {mean:.1f}, max {max(counts)}, n {total})"
 
 
 class StepTracer:
