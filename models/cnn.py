@@ -129,9 +129,8 @@ model_fn = make_model_fn()
 input_fn = make_input_fn()
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def from_flags():
+    """(model_fn, input_fn) with the sizes the --cnn_* flags give (their defaults: DEFAULTS)."""
     make = make_keras_model_fn if FLAGS.cnn_keras else make_model_fn
     model = make(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes,
                  conv_channels=[int(c) for c in FLAGS.cnn_conv_channels],
@@ -139,7 +138,13 @@ def main(argv):
                  learning_rate=FLAGS.cnn_learning_rate, momentum=FLAGS.cnn_momentum)
     inputs = make_input_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes, batch=FLAGS.cnn_batch,
                            noise=FLAGS.cnn_noise, seed=FLAGS.seed)
-    run_and_report("cnn", model, inputs)
+    return model, inputs
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run_and_report("cnn", *from_flags())
 
 
 if __name__ == "__main__":

@@ -92,15 +92,20 @@ model_fn = make_model_fn()
 input_fn = make_input_fn()
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def from_flags():
+    """(model_fn, input_fn) with the sizes the --lm_* flags give (their defaults: DEFAULTS)."""
     model = make_model_fn(vocab=FLAGS.lm_vocab, dim=FLAGS.lm_dim, hidden=FLAGS.lm_hidden,
                           num_steps=FLAGS.lm_num_steps, num_sampled=FLAGS.lm_num_sampled,
                           learning_rate=FLAGS.lm_learning_rate)
     inputs = make_input_fn(vocab=FLAGS.lm_vocab, num_steps=FLAGS.lm_num_steps, batch=FLAGS.lm_batch,
                            seed=FLAGS.seed)
-    run_and_report("lm", model, inputs)
+    return model, inputs
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run_and_report("lm", *from_flags())
 
 
 if __name__ == "__main__":

@@ -87,15 +87,20 @@ model_fn = make_model_fn()
 input_fn = make_input_fn()
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def from_flags():
+    """(model_fn, input_fn) with the sizes the --mlp_* flags give (their defaults: DEFAULTS)."""
     model = make_model_fn(features=FLAGS.mlp_features, hidden=FLAGS.mlp_hidden, vocab=FLAGS.mlp_vocab,
                           embed_dim=FLAGS.mlp_embed_dim, optimizer=FLAGS.mlp_optimizer,
                           learning_rate=FLAGS.mlp_learning_rate)
     inputs = make_input_fn(features=FLAGS.mlp_features, vocab=FLAGS.mlp_vocab, batch=FLAGS.mlp_batch,
                            seed=FLAGS.seed)
-    run_and_report("mlp", model, inputs)
+    return model, inputs
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run_and_report("mlp", *from_flags())
 
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
             variables = state_io.read(sess, keys=results)
             global_step = int(sess.run(dgraph.global_step))
-            histograms = dgraph.final_report(sess) if dgraph.final_report else {}
+            report = dgraph.final_report(sess) if dgraph.final_report else {}
+            histograms = report.get("histograms", {})
+            stats.extras.update(report.get("extras", {}))
             for hook in hooks:
                 hook.final(global_step, histograms)
             if watchdog:            # peers may leave once the barrier below lets them

@@ -97,8 +97,8 @@ class DistributedGraph:
     # Why the job may go on without a rank that holds no server state ("": it may not; a lost
     # rank stops every rank).
     survivable_loss: str = ""
-    # Run once every rank's updates are in: a strategy's end-of-run figures, as
-    # {name: {rank: {bucket: count}}} histograms (Result.histograms).
+    # Run once every rank's updates are in: a strategy's end-of-run figures, as {"histograms":
+    # {name: {rank: {bucket: count}}} (Result.histograms), "extras": {...} (Result.extras)}.
     final_report: Optional[Callable] = None
 
 

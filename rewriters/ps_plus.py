@@ -81,7 +81,8 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                                 close_outbox=outbox.close(cancel_pending_enqueues=True),
                                 global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
                                 pull_bytes=pull_bytes, max_staleness=int(params["max_staleness"]),
-                                route=ROUTE_ASYNC_PS, histogram=histogram.read_value())
+                                route=ROUTE_ASYNC_PS, histogram=histogram.read_value(),
+                                task_versions={task: info["version"].read_value() for task, info in state.tasks.items()})
     dgraph = DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=training.loss,
         train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
@@ -270,7 +271,7 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> 
         else:
             item["vars"].append(var), item["grads"].append(values[i]), item["indices"].append(values[i + 1])
             i += 2
-    staleness, version = None, None
+    staleness, version, applied = None, None, []
     for task, item in sorted(by_task.items()):
         info = state.tasks[task]
         with tf.device(f"/job:ps/task:{task}"):
@@ -282,9 +283,11 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> 
             else:
                 after = info["version"].assign_add(1)
                 tau = after - 1 - item["copy_version"]
+        applied.append(after)
         if task == 0:
             staleness, version = tau, after
-    return {"staleness": staleness, "version": version}
+    # every task's apply is a target: only task 0's answer is read
+    return {"staleness": staleness, "version": version, "applied": tf.group(*applied)}
 
 
 def _count_staleness(push: dict, topo):
@@ -316,14 +319,15 @@ def _hyper(optimizer, kind: str):
 
 
 def _pull_buffers(state: _ServerState):
-    """Two pull ops (global values and versions -> buffer b; each returns task 0's version) and
+    """Two pull ops (global values and versions -> buffer b; each returns the newest version it
+    read) and
     two swaps (buffer b -> local copies and their copy versions)."""
     tasks = [t for t in sorted(state.tasks) if "copy_version" in state.tasks[t]]
     if not tasks:
         return [], [], 0
     pulls, swaps, pull_bytes = [], [], 0
     for b in range(2):
-        assigns, swap, version0 = [], [], None
+        assigns, swap, versions = [], [], []
         for task in tasks:
             info = state.tasks[task]
             pairs = [(g, local) for g, local in info["vars"] if local is not None]
@@ -342,9 +346,12 @@ def _pull_buffers(state: _ServerState):
                 swap.append(local.assign(buffer.read_value(), read_value=False))
                 if b == 0:
                     pull_bytes += local.shape.num_elements() * local.dtype.base_dtype.size
-            version0 = version if version0 is None else tf.minimum(version0, version)
+            versions.append(version)
         with tf.control_dependencies(assigns):
-            pulls.append(tf.identity(version0))
+            # the newest of the tasks' versions: a push in flight may have reached some tasks and
+            # not yet others (each task's own version goes with its values, for the staleness
+            # the servers measure)
+            pulls.append(tf.reduce_max(versions))
         swaps.append(tf.group(*swap))
     return pulls, swaps, pull_bytes
 

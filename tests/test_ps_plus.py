@@ -132,3 +132,23 @@ def test_a_killed_server_rank_stops_the_job_and_is_named():
     assert "rank 0 on localhost exited with status 137; stopping the other ranks" in output
     assert re.search(r"parallax_tf rank [12]: .*lost: rank 0 \(", output), launch.tail(proc)
     assert not [f for f in os.listdir(out) if f.endswith(".npz")]
+
+
+def test_two_hosts_every_push_reaches_every_server_task():
+    """Variables spread over two hosts' servers: each push is applied on every task (a task's
+    version counts the pushes it applied; a push that reached only PS 0 once went unnoticed)."""
+    import subprocess
+    import sys
+    from tools import netns
+    out = tempfile.mkdtemp(prefix="ptf-psplus-2h-")
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", sys.executable,
+                           "tests/jobs/train_case.py", "--case=mixed_momentum", f"--out={out}", "--strategy=ps_plus",
+                           f"--steps={ASYNC_STEPS}", "--log_every=0"], cwd=launch.ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    assert proc.returncode == 0, launch.tail(proc)
+    ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in range(2)]
+    extras = ast.literal_eval(str(ranks[0]["extras"]))
+    assert len(extras["task_versions"]) == (2 if netns.have_root() else 1), extras["task_versions"]
+    assert set(extras["task_versions"].values()) == {ASYNC_STEPS} == {int(ranks[0]["global_step"])}
+    for key in (k for k in ranks[0].files if k.startswith("var:")):
+        np.testing.assert_array_equal(ranks[1][key], ranks[0][key])

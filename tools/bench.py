@@ -33,7 +33,7 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
     """`extra_flags` are given to every rank after the ones tools.bench was given."""
     out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
-           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + _model_flags() \
+           f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + model_flags() \
         + list(extra_flags)
     if strategy == "single":
         try:
@@ -41,19 +41,20 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
         except subprocess.TimeoutExpired:
             status = 124
     else:
-        status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay, timeout_s=timeout_s)
+        status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay, timeout_s=timeout_s,
+                             host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts)
     if status != 0:
         return {"error": f"exit status {status}"}
     ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
     return summarise(ranks)
 
 
-def _model_flags() -> list:
+def model_flags() -> list:
     """The reference models' flags and the strategies' options given to tools.bench, passed on
     to every job (so e.g. --slim_core or --cnn_fc_units reach the ranks)."""
     passed = []
     for name in FLAGS:
-        if name.startswith(("slim_", "cnn_", "mlp_", "lm_")) and FLAGS[name].present:
+        if name.startswith(("slim_", "cnn_", "mlp_", "lm_", "staleness_", "max_staleness")) and FLAGS[name].present:
             value = FLAGS[name].value
             passed.append(f"--{name}={','.join(map(str, value)) if isinstance(value, list) else value}")
     return passed

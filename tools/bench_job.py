@@ -2,6 +2,7 @@
 and writes this rank's figures to --out/rank<r>.json. Started by tools.bench on a cluster."""
 import json
 import os
+import time
 
 import numpy as np
 from absl import app, flags
@@ -21,6 +22,11 @@ HELD_OUT_BATCHES = 8
 def held_out_loss(model_fn, input_fn, variables) -> float:
     """Mean loss of the trained variables (whole, single-device names) on batches no rank
     trained on, in a plain single-device graph."""
+    return held_out_losses(model_fn, input_fn, [variables])[0]
+
+
+def held_out_losses(model_fn, input_fn, snapshots) -> list:
+    """held_out_loss of each of several sets of values, in one graph."""
     import tensorflow as tf
     from parallax_tf.inspect_graph import logical_name, make_feeds
     from parallax_tf.model import RunContext
@@ -29,16 +35,16 @@ def held_out_loss(model_fn, input_fn, variables) -> float:
     with graph.as_default():
         loss = call_model_fn(model_fn, RunContext(0, 1, 0, 1, 0)).loss
         placeholders = [op.name for op in graph.get_operations() if op.type == "Placeholder"]
-        known = [v for v in tf.compat.v1.global_variables() if logical_name(v) in variables]
+        feeds = [make_feeds(input_fn, RunContext(10_000 + i, 1, 0, 1, 0), placeholders, graph)
+                 for i in range(HELD_OUT_BATCHES)]          # ranks no training run has
+        out = []
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for var in known:
-                var.load(variables[logical_name(var)], sess)
-            losses = []
-            for i in range(HELD_OUT_BATCHES):
-                ctx = RunContext(10_000 + i, 1, 0, 1, 0)    # a rank no training run has
-                losses.append(sess.run(loss, make_feeds(input_fn, ctx, placeholders, graph)))
-    return float(np.mean(losses))
+            for variables in snapshots:
+                for var in (v for v in tf.compat.v1.global_variables() if logical_name(v) in variables):
+                    var.load(variables[logical_name(var)], sess)
+                out.append(float(np.mean([sess.run(loss, f) for f in feeds])))
+    return out
 
 
 def main(argv):
@@ -53,6 +59,8 @@ def main(argv):
         figures = {"step_times": result.step_times, "link_bytes": result.link_bytes,
                    "examples_per_step": result.examples_per_step, "cpu_s_per_step": result.cpu_s_per_step}
         reported = float(sum(result.bytes_per_step.values()))
+        figures["wall"] = {"train_start_unix": time.time() - result.wall_time_s, "wall_s": result.wall_time_s,
+                           "global_step": result.global_step, "local_steps": len(result.step_times)}
         lower = result.lower_bound_bytes_per_step
         figures["bytes_by_route"] = result.bytes_per_step
         if rank == 0:
@@ -63,7 +71,7 @@ def main(argv):
     # pays for it on those steps only
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
-              "cpu_s_per_step": figures.get("cpu_s_per_step"),
+              "cpu_s_per_step": figures.get("cpu_s_per_step"), **figures.get("wall", {}),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps
               "link_bytes_per_step": {k: v / total for k, v in link.items()} if link else None}

@@ -36,8 +36,8 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
     receives the CPU seconds each host used."""
-    from parallax_tf.runtime import bind, launcher
-    env = bind.preload_env(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
+    from parallax_tf.runtime import bind, launcher, quiet
+    env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
     shares = cpu_quota.quotas(hosts, host_cpus, cpu_quota.parse_slow_hosts(slow_hosts, hosts))
     if not netns.have_root():
         n = hosts * ranks_per_host
@@ -60,8 +60,10 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
         if on_ready:
             on_ready()
         # ranks report their host link's counters; --strategy=auto plans for the emulated links
-        # (delay only where the kernel can apply it) and the cores all hosts share
+        # (delay only where the kernel can apply it) and the cores all hosts share. A host with a
+        # small CPU share takes long to import TensorFlow: gloo's rendezvous waits for it.
         emulated = dict(env, PARALLAX_LINK_IFACE="eth0", PARALLAX_LINK_BANDWIDTH=bandwidth,
+                        HOROVOD_GLOO_TIMEOUT_SECONDS=env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "600"),
                         PARALLAX_LINK_DELAY=delay if topo.delay_applied else "0ms",
                         PARALLAX_CORES=str(os.cpu_count() or 1))
 

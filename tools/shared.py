@@ -6,6 +6,6 @@ flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 
 
 def model_and_input(name: str):
-    """model_fn and input_fn of a reference model with its default sizes."""
-    module = __import__(f"models.{name}", fromlist=["make_model_fn"])
-    return module.make_model_fn(), module.make_input_fn()
+    """model_fn and input_fn of a reference model with the sizes its flags give (--cnn_fc_units, ...)."""
+    module = __import__(f"models.{name}", fromlist=["from_flags"])
+    return module.from_flags()

@@ -5,9 +5,9 @@ Three threads share one session:
 - the trainer runs steps on the rank's local copy and drops each step's update into the
   outbox (a queue of one on this rank's worker), so it never waits for the network;
 - the pusher empties the outbox into the servers, one push per run (the servers apply it);
-- the puller watches the global version and, whenever it moved, reads the global values into
-  whichever of two buffers the trainer is not about to read. Between steps the trainer swaps
-  the newest buffer into its local copy.
+- the puller, whenever the global version moved past its copy (each push's answer says where
+  it is now), reads the global values into whichever of two buffers the trainer is not about
+  to read. Between steps the trainer swaps the newest buffer into its local copy.
 A copy more than `max_staleness` versions behind (counting this rank's own pushes still in the
 outbox) makes the trainer wait for a fresh pull: bounded staleness. Every wait is bounded by
 --timeout_s and says what it waited for. Training stops once the pushes applied and in flight
@@ -30,7 +30,6 @@ from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.session import Diverged, PeerLost, batch_size
 
-POLL_S = 0.005      # how often the puller asks for the global version when it has not moved
 STALENESS_BUCKETS = 64   # the servers count pushes by staleness 0..62 and >= 63
 
 
@@ -43,12 +42,13 @@ class AsyncSpec:
     push: dict                      # one outbox entry into the servers: {"staleness", "version"}
     close_outbox: tf.Operation
     global_version: tf.Tensor       # the global step: advanced once per applied push
-    pulls: List[tf.Tensor]          # two: global values -> buffer b; each returns the version read
+    pulls: List[tf.Tensor]          # two: global values -> buffer b; each returns the newest version read
     swaps: List[tf.Operation]       # two: local copy <- buffer b
     pull_bytes: int                 # bytes one pull moves
     max_staleness: int
     route: str                      # the bytes are reported under this route
     histogram: tf.Tensor = None     # [ranks, STALENESS_BUCKETS]: pushes applied by rank and staleness
+    task_versions: dict = None      # server task -> its version (every push advances each once)
 
 
 class _Shared:
@@ -88,24 +88,25 @@ def _pusher(sess, spec: AsyncSpec, shared: _Shared, timeout_ms: int) -> None:
 
 
 def _puller(sess, spec: AsyncSpec, shared: _Shared, have: int, timeout_ms: int) -> None:
+    """Pulls whenever the global version moved past the copy it has. It learns that from the
+    answer to each of this rank's pushes (the version after it) and from its own pulls, so it
+    never polls the servers: with many ranks, polling alone would saturate PS task 0."""
     options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
     last_buffer = 0
     try:
-        while not shared.stop:
-            version = int(sess.run(spec.global_version, options=options))
+        while True:
             with shared.cond:
-                shared.seen_version = max(shared.seen_version, version)
-            if version <= have:
-                time.sleep(POLL_S)
-                continue
-            # the buffer the trainer is not going to read: not the one published last
-            target = 1 - last_buffer
-            with shared.cond:
+                shared.cond.wait_for(lambda: shared.stop or shared.applied_version > have)
+                if shared.stop:
+                    return
+                # the buffer the trainer is not going to read: not the one published last
+                target = 1 - last_buffer
                 if shared.ready == target:          # never overwrite what is published
                     target = 1 - target
             have = int(sess.run(spec.pulls[target], options=options))
             last_buffer = target
             with shared.cond:
+                shared.seen_version = max(shared.seen_version, have)
                 shared.ready, shared.ready_version = target, have
                 shared.pulled_bytes += spec.pull_bytes
                 shared.cond.notify_all()
@@ -194,15 +195,20 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
             if not np.isfinite(loss):
                 raise Diverged(f"rank {ctx.rank}: the loss is {loss} at its step {local_step}; training stopped. "
                                "Lower the learning rate or check the input, then restart from the last checkpoint")
+            done = min(known + 1, steps)
+            # no rank waits for another here, so a checkpoint is rank 0's own decision
+            stats.checkpoint_requested = any(hook.request(done) > 0 for hook in hooks)
             for hook in hooks:
-                hook.after_step(min(known + 1, steps), loss, stats)
+                hook.after_step(done, loss, stats)
         with guard("the last pushes"):
             with shared.cond:
                 _wait(shared, lambda: shared.pending == 0 or shared.error is not None, timeout_s,
                       "this rank's last pushes to be applied")
                 _raise_if_failed(shared, guard)
     finally:
-        shared.stop = True
+        with shared.cond:
+            shared.stop = True
+            shared.cond.notify_all()
         try:
             sess.run(spec.close_outbox)
         except tf.errors.OpError:
@@ -219,8 +225,11 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx, placeholders, start: 
 
 
 def final_report(sess, spec: AsyncSpec) -> dict:
-    """Once every rank's pushes are in: the servers' count of pushes by rank and staleness."""
-    return {"staleness": histogram_by_rank(sess.run(spec.histogram))} if spec.histogram is not None else {}
+    """Once every rank's pushes are in: the servers' count of pushes by rank and staleness, and
+    each server task's version (all equal to the global step when every push reached every task)."""
+    histogram, versions = sess.run([spec.histogram, spec.task_versions or {}])
+    return {"histograms": {"staleness": histogram_by_rank(histogram)},
+            "extras": {"task_versions": {task: int(v) for task, v in sorted(versions.items())}}}
 
 
 def histogram_by_rank(matrix) -> dict:
@@ -230,7 +239,9 @@ def histogram_by_rank(matrix) -> dict:
 
 def _wait(shared: _Shared, condition, timeout_s, what: str) -> None:
     if not shared.cond.wait_for(lambda: condition() or shared.error is not None, timeout_s):
-        raise PeerLost(f"waited {timeout_s:.0f}s for {what}; a server or another rank has probably stalled")
+        raise PeerLost(f"waited {timeout_s:.0f}s for {what} (this rank: {shared.pending} push(es) not yet "
+                       f"applied, the last applied at version {shared.applied_version}, the newest pull of "
+                       f"version {shared.seen_version}); a server or another rank has probably stalled")
 
 
 def _raise_if_failed(shared: _Shared, guard) -> None:

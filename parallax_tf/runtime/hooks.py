@@ -106,7 +106,9 @@ class Checkpointer(Hook):
         return 1.0 if self.store and self.secs and time.monotonic() - self.last_time >= self.secs else 0.0
 
     def after_step(self, step, loss, stats):
-        if (self.every and step % self.every == 0) or stats.checkpoint_requested:
+        # a multiple of `every` crossed (an asynchronous run's steps can jump)
+        previous = self.last_step if self.last_step is not None else step - 1
+        if (self.every and step // self.every > previous // self.every) or stats.checkpoint_requested:
             self.save(step)
 
     def save(self, step: int) -> None:
