@@ -118,10 +118,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             if watchdog:
                 watchdog.stop()
             sess.close()
-            # frees this run's variables on every server of the job: only a rank that leaves
-            # when no other rank still needs them, and never with a rank gone (the reset would
-            # wait for its server forever)
-            if dgraph.barrier.leaves_last(topo.rank) and alive() == set(range(topo.size)):
+            # frees this run's variables on every server of the job, so it must reach every
+            # rank's server: never with a rank gone (it would wait for that server forever)
+            if dgraph.barrier.may_reset(topo.rank) and alive() == set(range(topo.size)):
                 tf.compat.v1.Session.reset(cluster.target, [run_id])
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),

@@ -14,7 +14,6 @@ more ranks than cores share a machine (as on an emulated cluster).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Dict, List, Optional, Tuple
 

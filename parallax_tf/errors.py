@@ -19,3 +19,7 @@ class ConfigError(ParallaxError):
 
 class ClusterError(ParallaxError):
     """A rank, server or port problem: a peer died, a wait timed out, a port is busy."""
+
+
+class Diverged(ParallaxError):
+    """The loss became NaN or Inf."""

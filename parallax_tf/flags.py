@@ -48,6 +48,9 @@ flags.DEFINE_bool("slim_error_feedback", False, "slim_dp: keep the unsent part o
                   "gradient and add it to the next round's.")
 flags.DEFINE_string("staleness_lr", "inverse", "ps_plus: learning rate of a push computed on a copy tau versions "
                     "old: inverse (lr / max(1, tau)), none (plain async), exp:GAMMA (lr * GAMMA**tau).")
+flags.DEFINE_enum("ps_plus_sparse_pull", "rows", ["rows", "eager"], "ps_plus: a sparse variable's rows are read "
+                  "from its server in the step (rows), or the whole variable is pulled into a local copy like a "
+                  "dense one (eager).")
 flags.DEFINE_integer("max_staleness", 16, "ps_plus: a rank whose copy is more than this many versions behind the "
                      "global one waits for a fresh pull before its next step (bounded staleness).")
 
@@ -84,6 +87,7 @@ class Options:
     slim_error_feedback: bool
     staleness_lr: str
     max_staleness: int
+    ps_plus_sparse_pull: str
 
     def route_options(self) -> dict:
         """Options the plan stores in the params of the variables on a route."""
@@ -92,7 +96,8 @@ class Options:
 
     def ps_plus(self) -> dict:
         rule, gamma = parse_staleness_lr(self.staleness_lr)
-        return {"rule": rule, "gamma": gamma, "max_staleness": self.max_staleness}
+        return {"rule": rule, "gamma": gamma, "max_staleness": self.max_staleness,
+                "sparse_pull": self.ps_plus_sparse_pull}
 
     def slim(self) -> dict:
         """The Slim-DP options as the plan stores them."""

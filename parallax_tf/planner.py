@@ -125,11 +125,18 @@ def _shard(entry: VariablePlan, info: VariableInfo, partitions, threshold, num_h
 
 
 def _async_copies(entry: VariablePlan) -> None:
-    """A dense async_ps variable: its global copy on the server under its own name, the
-    model's variable (single-device name) is the rank's local copy, pulled eagerly. A sparse
-    one: the model's variable itself lives on the server and the step reads its rows."""
-    entry.params["pull"] = "rows" if entry.gradient == "sparse" else "eager"
-    if entry.gradient != "sparse":
+    """A dense async_ps variable (and a sparse one with sparse_pull "eager"): its global copy
+    on the server under its own name, the model's variable (single-device name) is the rank's
+    local copy, pulled eagerly. A sparse one otherwise: the model's variable itself lives on the
+    server and the step reads its rows."""
+    rows = entry.gradient == "sparse" and entry.params.get("sparse_pull", "rows") == "rows"
+    entry.params["pull"] = "rows" if rows else "eager"
+    if not rows and not entry.user_partitioned and len(entry.shards) > 1:
+        # the local copy is one variable, so the global copy is one piece too
+        first = entry.shards[0]
+        entry.shards = [Shard(entry.name, 0, entry.shards[-1].row_end, first.server)]
+        entry.reason += "; one piece: it is pulled whole into a local copy"
+    if not rows:
         for shard in entry.shards:
             shard.name = f"{shard.name}/parallax_global"
 

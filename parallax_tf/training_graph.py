@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import inspect
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import tensorflow as tf
 

@@ -33,7 +33,7 @@ from rewriters import transform as transform_lib
 from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, tensor_bytes
 
 _OPTIMIZERS = {tf.compat.v1.train.GradientDescentOptimizer: "sgd", tf.compat.v1.train.MomentumOptimizer: "momentum",
-               tf.compat.v1.train.AdamOptimizer: "adam"}
+               tf.compat.v1.train.AdagradOptimizer: "adagrad", tf.compat.v1.train.AdamOptimizer: "adam"}
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
@@ -105,7 +105,7 @@ def _one_supported_apply(training):
     apply = training.applies[0]
     if type(apply.optimizer) not in _OPTIMIZERS:
         raise ModelError(f"ps_plus applies pushes with its compiled op, which implements tf.compat.v1.train "
-                         f"GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer; the model uses "
+                         f"GradientDescentOptimizer, MomentumOptimizer, AdagradOptimizer and AdamOptimizer; the model uses "
                          f"{type(apply.optimizer).__name__}. Switch optimizer or use --strategy hybrid")
     return apply
 
@@ -165,9 +165,10 @@ class _ServerState:
                     for slot_name in optimizer.get_slot_names():
                         mine = optimizer.get_slot(local, slot_name)
                         suffix = mine.op.name[len(local.op.name) + 1:]
+                        # the model slot's own start (Adagrad's accumulator is not zero): slots
+                        # are not among the captured initial values
                         self.slots[copy.name][slot_name] = tf.Variable(
-                            tf.zeros(local.shape, local.dtype.base_dtype), trainable=False,
-                            name=f"{shard.name}/{suffix}", use_resource=True)
+                            mine.initial_value, trainable=False, name=f"{shard.name}/{suffix}", use_resource=True)
                         local_slots[mine.name] = mine
                 self.working_copies.add(local.name)
                 self._add(shard.server, copy, local, Part(copy, part.row_start, part.row_end), name)

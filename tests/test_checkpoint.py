@@ -52,7 +52,7 @@ def test_keras_checkpoint_restores_into_the_single_device_keras_model():
     ranks = _train(2, "keras_bn", out, "--steps=3", f"--ckpt_dir={ckpt}", "--strategy=allreduce")
     graph = tf.Graph()
     with graph.as_default():
-        built = cases.build("keras_bn", "sgd")()
+        cases.build("keras_bn", "sgd")()
         with tf.compat.v1.Session(graph=graph) as sess:
             tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(ckpt))
             assert sess.run(tf.compat.v1.train.get_global_step()) == 3

@@ -53,7 +53,7 @@ def test_sigkill_one_rank(victim):
     # the restart loses at most one checkpoint interval and ends where an uninterrupted run would
     resumed = launch.run_ranks(SIZE, flags + ["--steps=15"], timeout=150)
     assert resumed.returncode == 0, launch.tail(resumed)
-    result = np.load(os.path.join(out, f"mixed_adagrad.rank0.npz"))
+    result = np.load(os.path.join(out, "mixed_adagrad.rank0.npz"))
     assert DIE_AT - EVERY <= int(result["start_step"]) <= DIE_AT
     want = reference.train_single_device("mixed", "adagrad", SIZE, steps=15)
     for name, value in want.items():

@@ -1,5 +1,4 @@
 """inspect and plan without any ranks: classification, routes, shards, JSON, the table."""
-import subprocess
 
 import numpy as np
 import pytest

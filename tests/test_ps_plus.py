@@ -1,9 +1,10 @@
 """PS+ (--strategy ps_plus) on real ranks. One rank with --max_staleness=0 (every step waits for
 its own push to come back) is single-device training; three ranks train asynchronously: every
 push is applied exactly once (the global step counts them), the servers' staleness histogram
-is reported, bounded staleness holds, the loss falls and every rank returns the same values.
+is reported, bounded staleness holds, every rank returns the same values, and the MLP learns.
 A rank killed mid-run: without server state the others finish; with it the job stops, naming it."""
 import ast
+import collections
 import functools
 import os
 import re
@@ -12,12 +13,13 @@ import tempfile
 import numpy as np
 import pytest
 
+from parallax_tf.runtime.async_loop import STALENESS_BUCKETS
 from tests import launch
 from tests.test_equivalence import _check_case
 
-ONE_RANK_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adam", "dense_only", "sparse_only", "clip_decay_adam",
+ONE_RANK_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adagrad", "mixed_adam", "dense_only", "sparse_only", "clip_decay_adam",
                   "keras_bn", "minimize_gs")
-ASYNC_STEPS = 30
+ASYNC_STEPS = 120     # enough that a rank starting a second late still gets steps
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,6 +34,23 @@ def one_rank_output() -> str:
 @pytest.mark.parametrize("name", ONE_RANK_CASES)
 def test_one_rank_is_single_device_training(name):
     _check_case(one_rank_output(), name, 1)
+
+
+EAGER_SPARSE_CASES = ("sparse_only", "mixed_adagrad", "mixed_adam")
+
+
+@functools.lru_cache(maxsize=None)
+def eager_sparse_output() -> str:
+    out = tempfile.mkdtemp(prefix="ptf-psplus-eager-")
+    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", out, "ps_plus", *EAGER_SPARSE_CASES,
+                                "--max_staleness=0", "--ps_plus_sparse_pull=eager"], launcher="python")
+    assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
+    return out
+
+
+@pytest.mark.parametrize("name", EAGER_SPARSE_CASES)
+def test_one_rank_with_sparse_variables_pulled_whole_is_single_device_training(name):
+    _check_case(eager_sparse_output(), name, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,8 +81,6 @@ def test_three_ranks_apply_every_push_exactly_once(max_staleness):
     for r in ranks[1:]:                                            # all return the final global values
         for key in (k for k in ranks[0].files if k.startswith("var:")):
             np.testing.assert_array_equal(r[key], ranks[0][key])
-    losses = np.concatenate([r["losses"] for r in ranks])
-    assert np.mean(losses[-len(losses) // 4:]) < np.mean(losses[:len(losses) // 4])
 
 
 @pytest.mark.parametrize("max_staleness", (16, 1))
@@ -80,8 +97,12 @@ def test_staleness_histogram_per_rank_in_result_summary_and_tensorboard():
     by_rank = [ast.literal_eval(str(r["histograms"]))["staleness"] for r in ranks]
     assert by_rank[0] == by_rank[1] == by_rank[2]                  # the servers' count, read by every rank
     extras = [ast.literal_eval(str(r["extras"])) for r in ranks]
+    top = STALENESS_BUCKETS - 1                                    # the servers' last bucket: tau >= top
     for rank, e in enumerate(extras):                              # what the servers counted is what each
-        assert by_rank[0][rank] == e["staleness"]                  # rank's pusher was told
+        told = collections.Counter({min(tau, top): 0 for tau in e["staleness"]})   # rank's pusher was told
+        for tau, n in e["staleness"].items():
+            told[min(tau, top)] += n
+        assert by_rank[0][rank] == dict(told)
     assert sum(sum(c.values()) for c in by_rank[0].values()) == int(ranks[0]["global_step"])
     for rank in range(3):                                          # one summary line per rank
         assert re.search(rf"^(\[0\]<stdout>:)?staleness rank {rank}: .*\(mean [\d.]+, max \d+, n \d+\)$",
@@ -91,6 +112,16 @@ def test_staleness_histogram_per_rank_in_result_summary_and_tensorboard():
     tags = {v.tag for path in events for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
             if v.HasField("histo")}
     assert {"staleness/rank0", "staleness/rank1", "staleness/rank2"} <= tags, tags
+
+
+def test_three_async_ranks_learn():
+    """The MLP regresses a fixed teacher: asynchronous training must bring its loss far down
+    (the test cases above have random labels, whose loss barely moves)."""
+    proc = launch.run_ranks(1, ["-m", "models.mlp", "--np=3", "--strategy=ps_plus", "--steps=600", "--log_every=0"],
+                            launcher="python", timeout=240)
+    assert proc.returncode == 0, launch.tail(proc)
+    first, last = (float(x) for x in re.search(r"mlp: first loss ([\d.]+) last loss ([\d.]+)", proc.stdout).groups())
+    assert last < 0.1 * first, (first, last)
 
 
 KILL_STEPS, KILL_AT = 300, 3
@@ -121,8 +152,6 @@ def test_a_killed_rank_without_server_state_leaves_the_others_to_finish():
     assert sum(pushes) + KILL_AT - 2 <= global_step <= sum(pushes) + KILL_AT, (pushes, global_step)
     for key in (k for k in ranks[0].files if k.startswith("var:")):
         np.testing.assert_array_equal(ranks[1][key], ranks[0][key])
-    losses = ranks[0]["losses"]
-    assert np.mean(losses[-20:]) < np.mean(losses[:20])
 
 
 def test_a_killed_server_rank_stops_the_job_and_is_named():

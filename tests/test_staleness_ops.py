@@ -1,5 +1,5 @@
 """ParallaxStaleApply and ParallaxVersionedRead (parallax_tf/ops/staleness_ops.cc): a push with a
-given staleness gives exactly the scaled update of TF's own SGD, Momentum and Adam; versions
+given staleness gives exactly the scaled update of TF's own SGD, Momentum, Adagrad and Adam; versions
 advance once per push, also when pushes race."""
 import threading
 
@@ -12,7 +12,8 @@ from parallax_tf import ops
 # float32 values, as TF's optimizers hold their Python-float hyperparameters (cast to the
 # variable's type when applying)
 HYPER = {"momentum": np.float32(0.9), "beta1": np.float32(0.9), "beta2": np.float32(0.999), "epsilon": np.float32(1e-8)}
-SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "adam": 2}
+ADAGRAD_INITIAL = 0.1     # tf.compat.v1.train.AdagradOptimizer's initial_accumulator_value
 
 
 def tf_optimizer(kind: str, lr: float):
@@ -20,6 +21,7 @@ def tf_optimizer(kind: str, lr: float):
     return {"sgd": lambda: train.GradientDescentOptimizer(lr),
             "momentum": lambda: train.MomentumOptimizer(lr, HYPER["momentum"]),
             "nesterov": lambda: train.MomentumOptimizer(lr, HYPER["momentum"], use_nesterov=True),
+            "adagrad": lambda: train.AdagradOptimizer(lr, ADAGRAD_INITIAL),
             "adam": lambda: train.AdamOptimizer(lr, HYPER["beta1"], HYPER["beta2"], HYPER["epsilon"])}[kind]()
 
 
@@ -42,7 +44,8 @@ def with_stale_apply(kind, lr, w0, pushes, sparse, copy_versions, rule="inverse"
     Returns (final w, [(tau, version after)])."""
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         w = tf.Variable(w0, use_resource=True)
-        slots = [tf.Variable(np.zeros_like(w0), use_resource=True) for _ in range(SLOTS[kind])]
+        start = ADAGRAD_INITIAL if kind == "adagrad" else 0.0
+        slots = [tf.Variable(np.full_like(w0, start), use_resource=True) for _ in range(SLOTS[kind])]
         powers = [tf.Variable(HYPER["beta1"], use_resource=True),     # float32, as TF's Adam keeps them
                   tf.Variable(HYPER["beta2"], use_resource=True)] if kind == "adam" else []
         version = tf.Variable(np.int64(0), use_resource=True)
@@ -72,7 +75,7 @@ def make_pushes(sparse, n=3, seed=0, dtype=np.float64):
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adagrad", "adam"])
 def test_fresh_pushes_equal_tf_optimizer(kind, sparse):
     """tau = 0 every time: the op is TF's own optimizer (same update rule, same slots)."""
     w0, pushes = make_pushes(sparse)
@@ -85,7 +88,7 @@ def test_fresh_pushes_equal_tf_optimizer(kind, sparse):
 @pytest.mark.parametrize("rule,scale", [("inverse", lambda tau: 1 / max(1, tau)), ("exp", lambda tau: 0.5 ** tau),
                                         ("none", lambda tau: 1.0)])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adagrad", "adam"])
 def test_stale_push_is_the_update_with_scaled_learning_rate(kind, sparse, rule, scale):
     """Three pushes computed on the version-0 copy have tau 0, 1, 2: each is TF's update with
     lr * scale(tau) (checked push by push against TF's optimizer at that learning rate)."""

@@ -2,6 +2,7 @@
 and writes this rank's figures to --out/rank<r>.json. Started by tools.bench on a cluster."""
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -47,7 +48,21 @@ def held_out_losses(model_fn, input_fn, snapshots) -> list:
     return out
 
 
+DIVERGED_EXIT = 3
+
+
 def main(argv):
+    try:
+        record = train_and_measure()
+    except ptf.Diverged as err:       # a result too: tools.straggler reports it
+        record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "diverged": str(err)}
+    with open(os.path.join(FLAGS.out, f"rank{record['rank']}.json"), "w") as f:
+        json.dump(record, f)
+    if "diverged" in record:
+        sys.exit(DIVERGED_EXIT)
+
+
+def train_and_measure() -> dict:
     model_fn, input_fn = model_and_input(FLAGS.model)
     total = FLAGS.steps + FLAGS.warmup
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
@@ -75,8 +90,7 @@ def main(argv):
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps
               "link_bytes_per_step": {k: v / total for k, v in link.items()} if link else None}
-    with open(os.path.join(FLAGS.out, f"rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    return record
 
 
 if __name__ == "__main__":

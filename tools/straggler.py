@@ -1,14 +1,16 @@
 """Asynchronous PS+ against synchronous training on one emulated cluster, with or without a
-straggler: time (and global steps) to reach a held-out loss.
+straggler: time (and examples) to reach a held-out loss.
 
     python -m tools.straggler --hosts 8 --bandwidth 100mbit --slow_hosts 7:4 --model mlp \\
-        --steps 600 --json out/straggler.json
+        --steps 300 --json out/straggler.json
 
-Every run trains the same model on the same cluster for the same number of global steps
-(pushes for ps_plus, steps for the synchronous runs) and writes a checkpoint every
---curve_secs seconds; afterwards each checkpoint's held-out loss is measured, giving loss
-against wall time since training began. The target is --target_loss, else 1.1x the held-out
-loss the synchronous run ends with. Prints a table, writes JSON and a PNG of the curves."""
+Every run trains the same model on the same cluster: --steps synchronous steps (every rank's
+batch each), or --async_budget x --steps x ranks pushes (one rank's batch each) for the
+asynchronous runs. Each writes a checkpoint every --curve_secs seconds; afterwards each
+checkpoint's held-out loss is measured, giving loss against wall time since training began. A
+run whose loss became NaN/Inf is reported as diverged, with its curve up to then. The target is
+--target_loss, else 1.1x the held-out loss the synchronous run ends with. Prints a table,
+writes JSON and a PNG of the curves."""
 from __future__ import annotations
 
 import json
@@ -28,9 +30,13 @@ RUNS = {   # label -> (strategy, extra flags)
     "hybrid": ("hybrid", []),
 }
 SYNC = "hybrid"
+ASYNC = ("ps_plus",)
 
 flags.DEFINE_list("runs", list(RUNS), f"Which of {', '.join(RUNS)} to run.")
 flags.DEFINE_float("target_loss", None, "Held-out loss to reach (default: 1.1x the synchronous run's final).")
+flags.DEFINE_float("async_budget", 2.0, "Asynchronous runs may use this many times the synchronous run's examples "
+                   "(stale updates make less progress per example), so that they can reach the target within the run.")
+flags.DEFINE_string("from_json", None, "Print the table and redraw the PNG of an earlier run's --json; run nothing.")
 flags.DEFINE_float("curve_secs", 1.0, "Seconds between the checkpoints the loss curve is measured on.")
 FLAGS = flags.FLAGS
 
@@ -39,8 +45,10 @@ def run_one(label: str) -> dict:
     strategy, extra = RUNS[label]
     out = tempfile.mkdtemp(prefix=f"straggler-{label}-")
     ckpt = os.path.join(out, "ckpt")
+    ranks = FLAGS.hosts * FLAGS.ranks_per_host
+    steps = int(FLAGS.steps * ranks * FLAGS.async_budget) if strategy in ASYNC else FLAGS.steps
     job = [sys.executable, "-m", "tools.bench_job", f"--model={FLAGS.model}", f"--bench_strategy={strategy}",
-           f"--steps={FLAGS.steps}", "--warmup=0", f"--out={out}", "--log_every=0", f"--ckpt_dir={ckpt}",
+           f"--steps={steps}", "--warmup=0", f"--out={out}", "--log_every=0", f"--ckpt_dir={ckpt}",
            f"--ckpt_secs={FLAGS.curve_secs}", "--ckpt_keep=100000",
            # a slow host imports TensorFlow and builds its graph slowly too: let the others wait
            f"--timeout_s={FLAGS.job_timeout_s}"] + bench.model_flags() + extra
@@ -48,14 +56,28 @@ def run_one(label: str) -> dict:
     status = cluster.run(job, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth, FLAGS.delay,
                          timeout_s=FLAGS.job_timeout_s, host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts,
                          cpu_usage=cpu)
+    records = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out)) if f.endswith(".json")]
+    diverged = [r["diverged"] for r in records if "diverged" in r]
+    if diverged:
+        # no rank says when training began: the first time-based checkpoint is one period in
+        first = min((os.path.getmtime(os.path.join(ckpt, d)) for d in os.listdir(ckpt)), default=None) \
+            if os.path.isdir(ckpt) else None
+        return {"diverged": diverged[0], "examples_per_global_step": batch_per_rank() * (1 if strategy in ASYNC else ranks),
+                "curve": loss_curve(ckpt, first - FLAGS.curve_secs) if first is not None else []}
     if status != 0:
         return {"error": f"exit status {status}"}
-    ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out)) if f.endswith(".json")]
-    chief = next(r for r in ranks if r["rank"] == 0)
+    chief = next(r for r in records if r["rank"] == 0)
     return {"curve": loss_curve(ckpt, chief["train_start_unix"]), "wall_s": chief["wall_s"],
-            "global_step": chief["global_step"], "local_steps": {r["rank"]: r["local_steps"] for r in ranks},
-            "step_s": {r["rank"]: r["step_s"] for r in ranks}, "held_out_loss": chief["held_out_loss"],
-            "examples_per_step": chief["examples_per_step"], "cpu_s_by_host": cpu}
+            "global_step": chief["global_step"], "local_steps": {r["rank"]: r["local_steps"] for r in records},
+            "step_s": {r["rank"]: r["step_s"] for r in records}, "held_out_loss": chief["held_out_loss"],
+            "examples_per_global_step": batch_per_rank() * (1 if strategy in ASYNC else ranks), "cpu_s_by_host": cpu}
+
+
+def batch_per_rank() -> int:
+    import numpy as np
+    from parallax_tf.model import RunContext
+    _, input_fn = shared.model_and_input(FLAGS.model)
+    return int(np.shape(next(iter(input_fn(RunContext()).values())))[0])
 
 
 def loss_curve(ckpt_dir: str, start_unix: float) -> list:
@@ -80,18 +102,25 @@ def reach(curve, target: float):
 
 
 def table(results: dict, target: float) -> str:
-    sync_time = reach(results[SYNC]["curve"], target)[0] if SYNC in results and "error" not in results[SYNC] else None
-    header = ["run", "to target s", "steps to target", "vs sync", "global steps", "wall s", "final held-out",
+    sync = results.get(SYNC, {})
+    sync_time = reach(sync["curve"], target)[0] if "curve" in sync else None
+    header = ["run", "to target s", "examples to target", "vs sync", "global steps", "wall s", "final held-out",
               "step ms (fastest..slowest rank)"]
     rows = [header]
     for label, r in results.items():
         if "error" in r:
             rows.append([label, r["error"]] + [""] * (len(header) - 2))
             continue
-        seconds, steps = reach(r["curve"], target)
+        seconds, step = reach(r["curve"], target)
+        best = min((loss for _, _, loss in r["curve"]), default=float("nan"))
+        if "diverged" in r:
+            rows.append([label, f"diverged (best {best:.4f})" if seconds is None else f"{seconds:.1f}, then diverged",
+                         "-", "-", "-", "-", "nan", "-"])
+            continue
         times = sorted(r["step_s"].values())
+        examples = step * r["examples_per_global_step"] if step is not None else None
         rows.append([label, f"{seconds:.1f}" if seconds is not None else "not reached",
-                     str(steps) if steps is not None else "-",
+                     f"{examples:,}" if examples is not None else "-",
                      f"{sync_time / seconds:.2f}x" if seconds and sync_time else "-",
                      str(r["global_step"]), f"{r['wall_s']:.1f}", f"{r['held_out_loss']:.4f}",
                      f"{times[0] * 1000:.1f}..{times[-1] * 1000:.1f}"])
@@ -103,18 +132,24 @@ def plot(results: dict, target: float, title: str, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (by_time, by_examples) = plt.subplots(1, 2, figsize=(11, 4))
+    tops = []
     for label, r in results.items():
         if "error" in r or not r["curve"]:
             continue
         t, steps, losses = zip(*r["curve"])
+        label = f"{label} (diverged)" if "diverged" in r else label
         by_time.plot(t, losses, marker=".", label=label)
-        by_step.plot(steps, losses, marker=".", label=label)
-    for axis, xlabel in ((by_time, "seconds since training began"), (by_step, "global step")):
+        by_examples.plot([s * r["examples_per_global_step"] for s in steps], losses, marker=".", label=label)
+        if "diverged" not in r:
+            tops.append(max(losses))
+    for axis, xlabel in ((by_time, "seconds since training began"), (by_examples, "examples (all ranks)")):
         axis.axhline(target, color="grey", linestyle="--", linewidth=1)
         axis.set_xlabel(xlabel)
         axis.set_ylabel("held-out loss")
         axis.set_yscale("log")
+        if tops:       # a diverged run would flatten every other curve
+            axis.set_ylim(top=max(tops) * 3)
         axis.legend()
     fig.suptitle(title)
     fig.tight_layout()
@@ -122,14 +157,22 @@ def plot(results: dict, target: float, title: str, path: str) -> None:
 
 
 def main(argv):
+    from parallax_tf.runtime import quiet
+    quiet.apply(False)
     unknown = sorted(set(FLAGS.runs) - set(RUNS))
     if unknown:
         raise app.UsageError(f"--runs: unknown {unknown}; choose from {', '.join(RUNS)}")
+    if FLAGS.from_json:
+        saved = json.load(open(FLAGS.from_json))
+        print(saved["title"])
+        print(table(saved["results"], saved["target"]))
+        plot(saved["results"], saved["target"], saved["title"], os.path.splitext(FLAGS.from_json)[0] + ".png")
+        return
     results = {}
     for label in FLAGS.runs:
         print(f"straggler: {label} ...", file=sys.stderr, flush=True)
         results[label] = run_one(label)
-    finished = [r for r in results.values() if "error" not in r]
+    finished = [r for r in results.values() if "held_out_loss" in r]
     if not finished:
         print("straggler: every run failed", file=sys.stderr)
         sys.exit(1)

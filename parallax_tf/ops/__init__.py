@@ -50,7 +50,7 @@ def explore_indices(core, n: int, seed, round_index, explore_size: int):
 
 
 STALENESS_RULES = ("none", "inverse", "exp")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
 
 
 def stale_apply(version, copy_version, lr, variables, slots, powers, grads, indices, optimizer: str,
@@ -58,8 +58,8 @@ def stale_apply(version, copy_version, lr, variables, slots, powers, grads, indi
                 beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8):
     """Applies one push to the variables of one device, atomically: tau = version - copy_version,
     the learning rate becomes lr / max(1, tau) (rule "inverse"), lr * gamma**tau ("exp") or lr
-    ("none"), `optimizer` ("sgd", "momentum" or "adam", TF's tf.compat.v1 update rules) updates
-    every variable and its slots (momentum: one per variable; adam: m, v per variable, `powers`
+    ("none"), `optimizer` ("sgd", "momentum", "adagrad" or "adam", TF's tf.compat.v1 update rules)
+    updates every variable and its slots (momentum, adagrad: one per variable; adam: m, v per variable, `powers`
     = [beta1_power, beta2_power], advanced once), and the version advances by one. `indices[i]`
     is None for a dense gradient, else the distinct rows `grads[i]` holds. Returns (tau, the
     version after this push)."""

@@ -1,6 +1,6 @@
 // Staleness-aware asynchronous updates for PS+: one push applied to every variable of a
 // parameter-server task, with the learning rate scaled by how many versions the pushing rank's
-// copy is behind. Reading the version, scaling, applying (SGD, Momentum or Adam, slots beside
+// copy is behind. Reading the version, scaling, applying (SGD, Momentum, Adagrad or Adam, slots beside
 // the variables) and advancing the version happen under the variables' locks in one kernel, so
 // two pushes can never read the same version or interleave their updates. A second op reads
 // a task's variables together with the version they belong to.
@@ -37,10 +37,10 @@ absl::Status Invalid(const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(args...));
 }
 
-enum class Optimizer { kSgd, kMomentum, kAdam };
+enum class Optimizer { kSgd, kMomentum, kAdagrad, kAdam };
 enum class Rule { kNone, kInverse, kExp };
 
-int SlotsPerVariable(Optimizer o) { return o == Optimizer::kSgd ? 0 : (o == Optimizer::kMomentum ? 1 : 2); }
+int SlotsPerVariable(Optimizer o) { return o == Optimizer::kSgd ? 0 : (o == Optimizer::kAdam ? 2 : 1); }
 
 // The learning-rate factor of an update computed on a copy `tau` versions old.
 double StalenessScale(Rule rule, double gamma, int64_t tau) {
@@ -60,8 +60,8 @@ struct Hyper {
   T adam_alpha;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
 };
 
-// Mirrors ResourceApplyGradientDescent / ResourceApplyMomentum / ResourceApplyAdam on `n`
-// elements starting at `w` (and the slots at the same offset).
+// Mirrors ResourceApplyGradientDescent / ResourceApplyMomentum / ResourceApplyAdagrad /
+// ResourceApplyAdam on `n` elements starting at `w` (and the slots at the same offset).
 template <typename T>
 void ApplyDense(Optimizer o, const Hyper<T>& h, int64_t n, T* w, T* s0, T* s1, const T* g) {
   if (o == Optimizer::kSgd) {
@@ -70,6 +70,11 @@ void ApplyDense(Optimizer o, const Hyper<T>& h, int64_t n, T* w, T* s0, T* s1, c
     for (int64_t j = 0; j < n; ++j) {
       s0[j] = s0[j] * h.momentum + g[j];
       w[j] -= h.nesterov ? g[j] * h.lr + s0[j] * h.momentum * h.lr : s0[j] * h.lr;
+    }
+  } else if (o == Optimizer::kAdagrad) {
+    for (int64_t j = 0; j < n; ++j) {
+      s0[j] += g[j] * g[j];
+      w[j] -= g[j] * h.lr * (T(1) / std::sqrt(s0[j]));
     }
   } else {
     const T one(1);
@@ -82,7 +87,7 @@ void ApplyDense(Optimizer o, const Hyper<T>& h, int64_t n, T* w, T* s0, T* s1, c
 }
 
 // Rows `idx[i]` of a [rows, width] variable get row i of `g` (indices already distinct, as the
-// tf.compat.v1 optimizers make them). SGD and Momentum touch those rows only; Adam decays its
+// tf.compat.v1 optimizers make them). SGD, Momentum and Adagrad touch those rows only; Adam decays its
 // moments everywhere and updates every element, as tf.compat.v1.train.AdamOptimizer's sparse
 // path does.
 template <typename T>
@@ -151,7 +156,10 @@ class StaleApplyOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
     OP_REQUIRES_OK(c, c->GetAttr("gamma", &gamma_));
     OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &nesterov_));
-    optimizer_ = optimizer == "sgd" ? Optimizer::kSgd : optimizer == "momentum" ? Optimizer::kMomentum : Optimizer::kAdam;
+    optimizer_ = optimizer == "sgd"        ? Optimizer::kSgd
+                 : optimizer == "momentum" ? Optimizer::kMomentum
+                 : optimizer == "adagrad"  ? Optimizer::kAdagrad
+                                           : Optimizer::kAdam;
     rule_ = rule == "none" ? Rule::kNone : rule == "inverse" ? Rule::kInverse : Rule::kExp;
     OP_REQUIRES(c, static_cast<int>(sparse_.size()) == n_,
                 Invalid("sparse has ", sparse_.size(), " entries for ", n_, " variables"));
@@ -172,7 +180,7 @@ class StaleApplyOp : public OpKernel {
       for (int i = 0; i < n_; ++i) {
         if (!sparse_[i]) continue;
         sparse_access[kVars + i] = true;
-        if (optimizer_ == Optimizer::kMomentum) sparse_access[kSlots + i] = true;
+        if (optimizer_ != Optimizer::kSgd) sparse_access[kSlots + i] = true;
       }
       for (int input = 0; input < kGrads; ++input) {
         if (!sparse_access[input]) continue;
@@ -340,7 +348,7 @@ REGISTER_OP("ParallaxStaleApply")
     .Attr("S: int >= 0")
     .Attr("P: int >= 0")
     .Attr("sparse: list(bool)")
-    .Attr("optimizer: {'sgd', 'momentum', 'adam'}")
+    .Attr("optimizer: {'sgd', 'momentum', 'adagrad', 'adam'}")
     .Attr("rule: {'none', 'inverse', 'exp'} = 'inverse'")
     .Attr("gamma: float = 0.9")
     .Attr("use_nesterov: bool = false")

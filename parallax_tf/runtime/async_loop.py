@@ -26,9 +26,10 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.errors import Diverged
 from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.runtime.hooks import StepStats
-from parallax_tf.runtime.session import Diverged, PeerLost, batch_size
+from parallax_tf.runtime.session import PeerLost, batch_size
 
 STALENESS_BUCKETS = 64   # the servers count pushes by staleness 0..62 and >= 63
 

@@ -27,8 +27,9 @@ class CollectiveBarrier:
     def wait(self, sess, purpose: str, alive: Callable[[], Set[int]] = None, timeout_s: float = 0) -> None:
         sess.run(self.op)
 
-    def leaves_last(self, rank: int) -> bool:
-        """Whether no other rank needs any server once `rank` has passed "read"."""
+    def may_reset(self, rank: int) -> bool:
+        """Whether `rank` may free the run's variables on every server of the job after "read":
+        with a collective barrier every rank leaves at once, all servers still up."""
         return True
 
 
@@ -69,8 +70,11 @@ class ArrivalBarrier(CollectiveBarrier):
         elif purpose == "read":
             self._await(sess, "left", lambda: alive() & (self.server_ranks - {0}), timeout_s)
 
-    def leaves_last(self, rank: int) -> bool:
-        return rank == 0
+    def may_reset(self, rank: int) -> bool:
+        # Ranks leave one by one here, and TF's reset reaches every worker of the cluster: it
+        # would wait forever for one that already left. The run's variables stay in its
+        # servers' memory until the process exits.
+        return False
 
     def _await(self, sess, purpose: str, expected: Callable[[], Set[int]], timeout_s: float) -> None:
         deadline = time.monotonic() + (timeout_s or float("inf"))

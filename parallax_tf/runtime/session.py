@@ -8,7 +8,7 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf.errors import ClusterError, ParallaxError
+from parallax_tf.errors import ClusterError, Diverged
 from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.model import RunContext
 from parallax_tf.runtime.hooks import StepStats
@@ -65,10 +65,6 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)
         return int(sess.run(dgraph.global_step))
-
-
-class Diverged(ParallaxError):
-    """The loss became NaN or Inf."""
 
 
 def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, start: int, steps: int,

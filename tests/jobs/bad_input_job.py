@@ -2,7 +2,6 @@
 import os
 import sys
 
-import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
