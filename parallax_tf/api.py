@@ -131,7 +131,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
                     checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
-                    histograms=histograms)
+                    histograms=histograms, lost_ranks=sorted(set(range(topo.size)) - alive()))
     if topo.is_chief and opts.log_every:
         _print_summary(result)
     return result
@@ -227,7 +227,8 @@ def _print_summary(result: Result) -> None:
     steps = result.global_step - result.start_step
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
           f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step ({whose}): "
-          f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}", flush=True)
+          f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"
+          + (f"; went on without rank(s) {result.lost_ranks}" if result.lost_ranks else ""), flush=True)
     for name, by_rank in sorted(result.histograms.items()):
         for rank, counts in sorted(by_rank.items()):
             print(f"{name} rank {rank}: {format_histogram(counts)}", flush=True)

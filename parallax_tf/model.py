@@ -52,3 +52,4 @@ class Result:
     # per-rank histograms a strategy reports at the end, the same on every rank: name -> rank ->
     # bucket -> count (ps_plus: "staleness", pushes applied by staleness, as the servers counted)
     histograms: Dict[str, Dict[int, Dict[int, int]]] = dataclasses.field(default_factory=dict)
+    lost_ranks: List[int] = dataclasses.field(default_factory=list)   # ranks the run went on without

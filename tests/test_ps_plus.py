@@ -144,6 +144,7 @@ def test_a_killed_rank_without_server_state_leaves_the_others_to_finish():
         assert f"parallax_tf rank {rank}: rank 2 (" in output                # each survivor noticed, by name
     ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in (0, 1)]
     assert not os.path.exists(os.path.join(out, "mixed_momentum.rank2.npz"))
+    assert [list(r["lost_ranks"]) for r in ranks] == [[2], [2]]
     pushes = [len(r["losses"]) for r in ranks]
     global_step = int(ranks[0]["global_step"])
     # rank 2 claimed KILL_AT + 1 tickets and pushed at most KILL_AT of them (its last outbox

@@ -42,7 +42,7 @@ def main(argv):
         np.savez(os.path.join(FLAGS.out, f"{FLAGS.case}.rank{_rank()}.npz"), losses=np.array(result.losses),
                  global_step=result.global_step, start_step=result.start_step,
                  checkpoint=str(result.checkpoint), bytes=np.array(result.bytes_per_step, dtype=object),
-                 extras=repr(result.extras), histograms=repr(result.histograms),
+                 extras=repr(result.extras), histograms=repr(result.histograms), lost_ranks=result.lost_ranks,
                  **arrays)
 
 
