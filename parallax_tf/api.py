@@ -68,10 +68,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
-        dgraph = REWRITERS[opts.strategy](request)
-        state_io = StateIO(collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables}),
-                           averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
-                           num_ranks=topo.size)
+        dgraph = REWRITERS[plan.strategy](request)    # auto may have chosen another strategy
+        entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
+        state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
+                           num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
@@ -145,6 +145,18 @@ def _watchdog(topo, cluster, dgraph) -> Watchdog:
     if topo.is_chief and expendable:
         launcher.write_expendable(expendable, dgraph.survivable_loss)
     return Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"])), expendable=expendable).start()
+
+
+def _owners(plan, keys) -> dict:
+    """Checkpoint key -> the ranks that keep it, for variables the plan gives to some ranks only
+    (and their optimizer slots, keyed "<variable>/<slot>")."""
+    kept = {v.name: v.params["ranks"] for v in plan.variables if "ranks" in v.params}
+    owners = {}
+    for key in keys:
+        name = max((n for n in kept if key == n or key.startswith(n + "/")), key=len, default=None)
+        if name is not None:
+            owners[key] = kept[name]
+    return owners
 
 
 def _start_values(store, captured, state_io):

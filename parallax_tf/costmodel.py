@@ -197,3 +197,68 @@ def loads_from(capture) -> List[Load]:
         out.append(Load(name=v.name, bytes=v.bytes, gradient=v.gradient, row_bytes=v.row_bytes, rows=rows,
                         rows_touched=v.rows_touched or 0, gathered_bytes=v.gathered_bytes or 0))
     return out
+
+
+@dataclasses.dataclass
+class LayerSplitLoad:
+    """What Stanza's layer separation asks of a cluster (from inspect: the head, the cut)."""
+    head: set                     # the FC head's variable names
+    activation_bytes: int         # per example, crossing both ways (the FC node returns their gradient)
+    data_bytes: int               # per example, forward only (labels)
+    batch: int                    # examples per conv node per step
+    head_compute_s: float         # the head's forward + backward on one batch
+
+
+def layer_split_load(capture) -> Optional[LayerSplitLoad]:
+    """What Stanza would move and compute, from a timed capture (None: no FC head, or untimed)."""
+    head = capture.head
+    if head is None or capture.head_compute_s is None:
+        return None
+    return LayerSplitLoad(
+        head=set(head.variables), batch=capture.batch_size or 1, head_compute_s=capture.head_compute_s,
+        activation_bytes=sum(t.bytes_per_example for t in head.cut if t.kind == "activation"),
+        data_bytes=sum(t.bytes_per_example for t in head.cut if t.kind == "data"))
+
+
+def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float, fc_nodes: int,
+                   microbatches: int = 1) -> Prediction:
+    """Step time of Stanza with `fc_nodes` FC nodes (one rank per host): conv nodes compute the
+    extractor, each FC node receives its group's activations on its own link, computes the
+    head for the group and returns the gradients; conv nodes then AllReduce the extractor
+    (FC nodes the head's gradient meanwhile). Micro-batches pipeline the transfers with the
+    FC compute: the longest stage is paid once, the others 1/M."""
+    conv = cluster.ranks - fc_nodes
+    group = -(-conv // fc_nodes)
+    conv_compute = max(compute_s - split.head_compute_s, 0.0)
+    fc_compute = split.head_compute_s * group
+    to_fc = group * split.batch * (split.activation_bytes + split.data_bytes) / cluster.bandwidth_bytes_per_s
+    to_conv = group * split.batch * split.activation_bytes / cluster.bandwidth_bytes_per_s
+    stages = [to_fc, fc_compute, to_conv]
+    pipeline = max(stages) + (sum(stages) - max(stages)) / microbatches
+    extractor = [l for l in loads if l.name not in split.head]
+    head = [l for l in loads if l.name in split.head]
+
+    def allreduce(among: List[Load], hosts: int) -> float:
+        if hosts < 2:
+            return 0.0
+        part = dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1, cores=None)
+        got = predict(among, {l.name: Choice(ROUTE_ALLREDUCE) for l in among}, part, 0.0)
+        return got.network_s + got.latency_s
+
+    conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)
+    # the FC nodes' AllReduce overlaps the conv nodes' backward (~2/3 of their compute) and theirs
+    tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
+    cpu_bound = 0.0
+    if cluster.cores and cluster.ranks > cluster.cores:
+        cpu = conv * (conv_compute + cluster.runtime_cpu_s) + fc_nodes * (fc_compute + cluster.runtime_cpu_s)
+        cpu_bound = cpu / cluster.cores
+    return Prediction(compute_s=conv_compute, network_s=pipeline + tail,
+                      latency_s=4 * cluster.delay_s * microbatches, server_s=0.0, cpu_bound_s=cpu_bound)
+
+
+def choose_fc_nodes(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float,
+                    microbatches: int = 1) -> Tuple[int, Prediction]:
+    """The FC node count with the shortest predicted step (at most half the ranks)."""
+    options = range(1, max(1, cluster.ranks // 2) + 1)
+    return min(((f, predict_stanza(loads, split, cluster, compute_s, f, microbatches)) for f in options),
+               key=lambda item: (item[1].step_s, item[0]))

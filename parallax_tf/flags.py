@@ -51,6 +51,9 @@ flags.DEFINE_string("staleness_lr", "inverse", "ps_plus: learning rate of a push
 flags.DEFINE_enum("ps_plus_sparse_pull", "rows", ["rows", "eager"], "ps_plus: a sparse variable's rows are read "
                   "from its server in the step (rows), or the whole variable is pulled into a local copy like a "
                   "dense one (eager).")
+flags.DEFINE_integer("fc_nodes", 1, "stanza: how many of the last ranks train the FC head (FC nodes).")
+flags.DEFINE_integer("stanza_microbatches", 1, "stanza: each conv node's batch crosses to its FC node in this many "
+                     "pieces, so FC round trips overlap conv work.")
 flags.DEFINE_integer("max_staleness", 16, "ps_plus: a rank whose copy is more than this many versions behind the "
                      "global one waits for a fresh pull before its next step (bounded staleness).")
 
@@ -88,11 +91,14 @@ class Options:
     staleness_lr: str
     max_staleness: int
     ps_plus_sparse_pull: str
+    fc_nodes: int
+    stanza_microbatches: int
 
     def route_options(self) -> dict:
         """Options the plan stores in the params of the variables on a route."""
-        from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_SIGNIFICANT
-        return {ROUTE_SIGNIFICANT: self.slim(), ROUTE_ASYNC_PS: self.ps_plus()}
+        from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_SIGNIFICANT
+        return {ROUTE_SIGNIFICANT: self.slim(), ROUTE_ASYNC_PS: self.ps_plus(),
+                ROUTE_FC_NODE: {"fc_nodes": self.fc_nodes, "microbatches": self.stanza_microbatches}}
 
     def ps_plus(self) -> dict:
         rule, gamma = parse_staleness_lr(self.staleness_lr)

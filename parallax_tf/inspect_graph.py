@@ -71,6 +71,10 @@ class Capture:
     compute_s: Optional[float] = None       # one single-device forward+backward, when timed
     state: List[StateInfo] = dataclasses.field(default_factory=list)
     global_step: Optional[str] = None       # the model's own global step, when its train op advances one
+    head: Optional[object] = None           # layer_cut.HeadCut: where the FC head begins (Stanza)
+    head_problem: Optional[str] = None      # why there is no clean cut, when there is none
+    head_compute_s: Optional[float] = None  # the head's forward+backward alone, when timed
+    batch_size: Optional[int] = None        # examples in the captured batch, when timed
 
 
 def logical_name(variable) -> str:
@@ -149,8 +153,37 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
             from_get_variable=name in from_get_variable))
     initial.update({name: np.asarray(value) for name, value in state_values.items()})
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
+    with graph.as_default():
+        head, problem = _find_head(training, groups, {i.name: i.layer for i in infos}, state_vars)
+        head_s, batch = _time_head(graph, training, head, groups, feeds) if time_compute and head else (None, None)
     return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
-                   training.global_step.op.name if training.global_step is not None else None)
+                   training.global_step.op.name if training.global_step is not None else None, head, problem,
+                   head_s, batch)
+
+
+def _find_head(training, groups, kinds, state_vars):
+    """The FC head and its cut, or why the model has none (only Stanza needs one)."""
+    from parallax_tf import layer_cut
+    try:
+        parts = {name: [v for v, _ in pairs] for name, pairs in groups.items()}
+        return layer_cut.find_head(training.loss, parts, kinds, state_vars, training.train_op), None
+    except layer_cut.LayerCutError as err:
+        return None, str(err)
+
+
+def _time_head(graph, training, head, groups, feeds):
+    """The FC head's forward+backward alone (its cut tensors fed, so nothing below runs), and
+    the batch's example count: what the cost model needs to predict Stanza."""
+    variables = [v for name in head.variables for v, _ in groups[name]]
+    cut = [graph.get_tensor_by_name(t.name) for t in head.cut]
+    grads = [g for g in tf.gradients(training.loss, variables + [t for t, spec in zip(cut, head.cut)
+                                                                 if spec.kind != "data"]) if g is not None]
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
+                  tf.compat.v1.tables_initializer()])
+        values = sess.run(cut, feeds)
+        batch = next(int(np.shape(v)[0]) for v, spec in zip(values, head.cut) if spec.kind != "replicated")
+        return _time_step(sess, grads, dict(zip(cut, values))), batch
 
 
 def _state_variables(training, trainable) -> Dict[str, tf.Variable]:

@@ -15,8 +15,9 @@ changing the ones here:
                with a staleness-scaled learning rate; dense variables also have a local copy per
                rank, pulled eagerly in the background (params["pull"] "eager"), sparse ones are
                read row by row from the server in the step (params["pull"] "rows")
+  "fc_node"    Stanza: a variable of the FC head, trained on the FC nodes from the conv nodes'
+               activations (params["fc_ranks"]); the plan's `split` says who serves whom
 Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
-  "fc_node"    compute and variables on a dedicated FC node (Stanza)
   "stage"      pipeline stage with layer-wise staleness (DSP)
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ ROUTE_ALLREDUCE = "allreduce"
 ROUTE_LOCAL = "local"
 ROUTE_SIGNIFICANT = "significant"
 ROUTE_ASYNC_PS = "async_ps"
-KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, "fc_node", "stage")
+ROUTE_FC_NODE = "fc_node"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, ROUTE_FC_NODE, "stage")
 
 
 @dataclasses.dataclass
@@ -69,6 +71,36 @@ class VariablePlan:
 
 
 @dataclasses.dataclass
+class CutTensor:
+    """A tensor where the FC head begins (Stanza): computed on the conv nodes, sent to an FC node."""
+    name: str                   # the tensor in the single-device graph, e.g. "Reshape:0"
+    shape: List[int]            # per example (the batch dimension left out); whole for "replicated"
+    dtype: str
+    bytes_per_example: int      # for "replicated": its bytes per step
+    kind: str                   # activation (its gradient goes back) | data (labels) | replicated
+
+
+@dataclasses.dataclass
+class LayerSplit:
+    """Stanza: who trains what. The last ranks are FC nodes; each serves a group of conv nodes."""
+    conv_ranks: List[int]
+    fc_ranks: List[int]
+    groups: List[List[int]]     # per FC node, in fc_ranks order: the conv ranks it serves
+    cut: List[CutTensor]
+    microbatches: int = 1       # each conv node's batch crosses the cut in this many pieces
+
+    def fc_rank_of(self, conv_rank: int) -> int:
+        return next(fc for fc, group in zip(self.fc_ranks, self.groups) if conv_rank in group)
+
+    def group_of(self, rank: int) -> List[int]:
+        """The conv ranks of the group `rank` belongs to, its FC node last."""
+        for fc, group in zip(self.fc_ranks, self.groups):
+            if rank == fc or rank in group:
+                return group + [fc]
+        raise ValueError(f"rank {rank} is in no group of {self.groups}")
+
+
+@dataclasses.dataclass
 class Plan:
     strategy: str
     num_ranks: int
@@ -77,6 +109,7 @@ class Plan:
     local_aggregation: bool
     variables: List[VariablePlan]
     global_step: Optional[str] = None   # the model's own global step variable, if its train op advances one
+    split: Optional[LayerSplit] = None  # Stanza's conv and FC nodes and the cut between them
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
@@ -100,15 +133,18 @@ class Plan:
         for v in raw.pop("variables"):
             shards = [Shard(**s) for s in v.pop("shards")]
             variables.append(VariablePlan(shards=shards, **v))
-        return cls(variables=variables, **raw)
+        split = raw.pop("split", None)
+        if split is not None:
+            split = LayerSplit(cut=[CutTensor(**t) for t in split.pop("cut")], **split)
+        return cls(variables=variables, split=split, **raw)
 
     # ---- display ---------------------------------------------------------------------------
     def table(self) -> str:
         header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
         rows = [header]
         for v in self.variables:
-            shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS) else ("mean" if v.params.get("combine") == "mean"
-                                                                      and v.route == ROUTE_LOCAL else "-")
+            shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS) else \
+                ("mean" if v.params.get("combine") == "mean" and v.route == ROUTE_LOCAL else "-")
             if v.route == ROUTE_PS and v.user_partitioned:
                 shards += " (user)"
             rows.append((v.name, "x".join(map(str, v.shape)) or "scalar", f"{v.bytes / 2**20:.2f}",
@@ -121,7 +157,20 @@ class Plan:
                      f"local_aggregation={self.local_aggregation} "
                      f"global_step={self.global_step or 'parallax_global_step'} "
                      f"est. bytes/step/rank={human_bytes(total)}")
+        if self.split is not None:
+            lines.extend(self.split_lines())
         return "\n".join(lines)
+
+    def split_lines(self) -> List[str]:
+        split = self.split
+        lines = [f"FC nodes {split.fc_ranks}, conv nodes {split.conv_ranks}; "
+                 + "; ".join(f"rank {fc} serves {group}" for fc, group in zip(split.fc_ranks, split.groups))
+                 + (f"; {split.microbatches} micro-batches per step" if split.microbatches > 1 else "")]
+        for t in split.cut:
+            per = "per step, sent by one conv node" if t.kind == "replicated" else "per example"
+            lines.append(f"cut: {t.name} [{'x'.join(map(str, t.shape)) or 'scalar'}] {t.dtype} "
+                         f"{human_bytes(t.bytes_per_example)} {per} ({t.kind})")
+        return lines
 
     def reasons(self) -> str:
         return "\n".join(f"{v.name}: {v.reason}" for v in self.variables)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
-from parallax_tf.errors import ConfigError
+from parallax_tf.errors import ConfigError, ModelError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT, Plan, Shard,
-                              VariablePlan)
+from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT,
+                              LayerSplit, Plan, Shard, VariablePlan)
 
-STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus")
+STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
 # A significant-route variable with at least this many elements has its global copy split over
 # every server: each host's link then carries 1/H of the round's traffic, not all of it on one.
@@ -30,15 +30,28 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     server_load = [0] * num_hosts
     entries = []
     auto = _auto_choices(capture, cost_cluster) if strategy == "auto" else {}
+    stanza = _auto_stanza(capture, cost_cluster, auto) if auto else None
+    if stanza is not None:          # the cost model prefers layer separation: plan that instead
+        fc_nodes, why = stanza
+        plan = make_plan(capture, "stanza", num_ranks, num_hosts, partitions, partition_threshold_bytes,
+                         local_aggregation, route_options={**route_options, ROUTE_FC_NODE: {
+                             **route_options.get(ROUTE_FC_NODE, {}), "fc_nodes": fc_nodes}})
+        for entry in plan.variables:
+            entry.reason = f"auto chose stanza ({why}): {entry.reason}"
+        return plan
+    split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
     for info in capture.variables:
-        route, reason = auto[info.name] if auto else _route(strategy, info)
+        route, reason = auto[info.name] if auto else _route(strategy, info, split, capture.head)
         count = None
         if auto:
             route, count = route.route, route.partitions
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned)
-        entry.params.update(route_options.get(route, {}))
+        if route != ROUTE_FC_NODE:
+            entry.params.update(route_options.get(route, {}))
+        if split is not None:        # who shares the variable: the FC nodes, or the conv nodes
+            entry.params["ranks"] = split.fc_ranks if route == ROUTE_FC_NODE else split.conv_ranks
         if route in (ROUTE_PS, ROUTE_ASYNC_PS):
             forced = partitions if partitions is not None else count
             _shard(entry, info, forced, partition_threshold_bytes, num_hosts, server_load)
@@ -46,7 +59,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
             _async_copies(entry)
         elif route == ROUTE_SIGNIFICANT:
             _split_elements(entry, info, num_hosts, server_load)
-        entry.bytes_per_step = estimate_bytes_per_step(entry, info, num_ranks)
+        entry.bytes_per_step = estimate_bytes_per_step(entry, info, len(entry.params.get("ranks", range(num_ranks))))
         entries.append(entry)
     _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
     for state in capture.state:
@@ -54,13 +67,46 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                if state.per_rank else "the same on every rank: rank 0's copy is read")
         if strategy == "ps_plus":   # no point where all ranks could average it
             how = "each rank keeps its own (ranks run asynchronously): rank 0's copy is read"
+        params = {"combine": "mean" if state.per_rank and strategy != "ps_plus" and state.dtype.startswith(
+            ("float", "bfloat", "half", "double")) else "rank0"}
+        if split is not None:       # kept by the nodes that update it
+            in_head = state.name in capture.head.state
+            params["ranks"] = split.fc_ranks if in_head else split.conv_ranks
+            how += f"; updated on the {'FC' if in_head else 'conv'} nodes"
         entries.append(VariablePlan(name=state.name, shape=state.shape, dtype=state.dtype, bytes=state.bytes,
                                     gradient="none", layer=state.layer, route=ROUTE_LOCAL,
-                                    reason=f"model state, not trained: {how}", bytes_per_step=0,
-                                    params={"combine": "mean" if state.per_rank and strategy != "ps_plus" and state.dtype.startswith(
-                                        ("float", "bfloat", "half", "double")) else "rank0"}))
+                                    reason=f"model state, not trained: {how}", bytes_per_step=0, params=params))
     return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
-                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step)
+                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step, split=split)
+
+
+def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1) -> LayerSplit:
+    """Stanza: the last `fc_nodes` ranks train the FC head; the others (conv nodes) are split
+    into as even contiguous groups, one per FC node."""
+    if capture.head is None:
+        raise ModelError(f"--strategy stanza: {capture.head_problem}")
+    if not 1 <= fc_nodes < num_ranks:
+        raise ConfigError(f"--fc_nodes={fc_nodes} with {num_ranks} rank(s): stanza needs at least one FC node and "
+                          f"one conv node (1 <= --fc_nodes < ranks); start more ranks or use --strategy hybrid")
+    conv = list(range(num_ranks - fc_nodes))
+    if fc_nodes > len(conv):
+        raise ConfigError(f"--fc_nodes={fc_nodes} exceeds the {len(conv)} conv node(s) they would serve; use at "
+                          f"most {len(conv)} FC nodes or more ranks")
+    if microbatches < 1:
+        raise ConfigError(f"--stanza_microbatches must be >= 1, got {microbatches}")
+    sparse_head = [v.name for v in capture.variables if v.name in capture.head.variables and v.gradient == "sparse"]
+    if fc_nodes > 1 and sparse_head:
+        raise ConfigError(f"--fc_nodes={fc_nodes} with a sparse gradient in the FC head ({sparse_head[0]!r}): FC "
+                          "nodes sum only dense head gradients among themselves; use --fc_nodes=1")
+    batch_state = [s.name for s in capture.state if s.per_rank]
+    if microbatches > 1 and batch_state:
+        raise ConfigError(f"--stanza_microbatches={microbatches} with model state computed from the batch "
+                          f"({batch_state[0]!r}, e.g. batch norm): each micro-batch would have its own batch "
+                          "statistics, so training would differ from single-device; use --stanza_microbatches=1")
+    bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
+    return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)),
+                      groups=[conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)],
+                      cut=list(capture.head.cut), microbatches=microbatches)
 
 
 def _auto_choices(capture: Capture, cluster):
@@ -83,7 +129,35 @@ def _auto_choices(capture: Capture, cluster):
     return out
 
 
-def _route(strategy: str, info: VariableInfo):
+def _auto_stanza(capture: Capture, cluster, auto: dict):
+    """(FC nodes, why) when the cost model predicts Stanza faster than the per-variable plan by
+    5% or more, else None."""
+    from parallax_tf import costmodel
+    split = costmodel.layer_split_load(capture)
+    if split is None or cluster.ranks < 3:
+        return None
+    if any(s.name in capture.head.state for s in capture.state):
+        return None                 # batch norm inside the head: no test covers it yet, stay data parallel
+    loads = costmodel.loads_from(capture)
+    compute = capture.compute_s or 0.0
+    per_variable = costmodel.predict(loads, {name: choice for name, (choice, _) in auto.items()}, cluster,
+                                     compute).step_s
+    fc_nodes, predicted = costmodel.choose_fc_nodes(loads, split, cluster, compute)
+    if predicted.step_s > 0.95 * per_variable:
+        return None
+    return fc_nodes, (f"predicted step {predicted.step_s * 1000:.1f}ms with {fc_nodes} FC node(s) vs "
+                      f"{per_variable * 1000:.1f}ms data parallel")
+
+
+def _route(strategy: str, info: VariableInfo, split: Optional[LayerSplit] = None, head=None):
+    if strategy == "stanza":
+        where = ", ".join(t.name for t in split.cut if t.kind != "replicated")
+        if info.name in head.variables:
+            return ROUTE_FC_NODE, (f"FC head (it begins at {where}): trained on FC node(s) {split.fc_ranks} on the "
+                                   "activations of the conv nodes they serve; its gradient never leaves them")
+        how = "allgather of IndexedSlices" if info.gradient == "sparse" else "ring AllReduce"
+        return ROUTE_ALLREDUCE, (f"below the FC head: trained on the conv nodes {split.conv_ranks}, gradients summed "
+                                 f"among them ({how})")
     if strategy == "ps_plus":
         if info.gradient == "sparse":
             return ROUTE_ASYNC_PS, ("strategy ps_plus, sparse gradient: on the PS, its rows read in the step; "

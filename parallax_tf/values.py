@@ -117,12 +117,19 @@ def _offset(var) -> int:
 class StateIO:
     """Placeholders and assign ops for every piece; built while the graph is still open.
 
-    Keys in `averaged` (state each rank updates from its own batch) read as the mean over ranks:
-    reading them is collective, so every rank must call `read` with them at the same point."""
+    Keys in `averaged` (state each rank updates from its own batch) read as the mean over the
+    ranks that keep it; keys in `owners` that are not averaged read as their first owner's value
+    (the ranks that train a variable: Stanza's FC head lives on the FC nodes). Keys without
+    owners are kept by every rank. Reading averaged or owned keys is collective, so every rank
+    must call `read` with them at the same point."""
 
-    def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1):
+    def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1,
+                 owners: Optional[Dict[str, List[int]]] = None, rank: int = 0):
         self.entries = entries
+        everyone = list(range(num_ranks))
+        owners = {k: list(r) for k, r in (owners or {}).items() if k in entries and list(r) != everyone}
         self.averaged = {k for k in averaged if k in entries} if num_ranks > 1 else set()
+        self.owned = set(owners) - self.averaged if num_ranks > 1 else set()
         self._feed, self._assign, self._read = {}, {}, {}
         with tf.name_scope("parallax_values"):
             for entry in entries.values():
@@ -135,13 +142,24 @@ class StateIO:
                         self._feed[var.name] = placeholder
                         self._assign[var.name] = var.assign(placeholder, read_value=False)
                         self._read[var.name] = var.read_value()
-            if self.averaged:
+            if self.averaged or self.owned:
                 import horovod.tensorflow as hvd
-                for key in sorted(self.averaged):
+                for key in sorted(self.averaged | self.owned):
+                    keepers = owners.get(key, everyone)
                     for piece in entries[key].copies[0]:
                         name = piece.variable.name
-                        self._read[name] = hvd.allreduce(self._read[name], op=hvd.Average,
-                                                         name="parallax_mean_" + name.replace(":", "_").replace("/", "_"))
+                        tag = name.replace(":", "_").replace("/", "_")
+                        if key in self.owned:
+                            self._read[name] = hvd.broadcast(self._read[name], root_rank=keepers[0],
+                                                             name="parallax_from_owner_" + tag)
+                        elif keepers == everyone:
+                            self._read[name] = hvd.allreduce(self._read[name], op=hvd.Average,
+                                                             name="parallax_mean_" + tag)
+                        else:       # the mean over the ranks that keep it
+                            share = (1.0 / len(keepers)) if rank in keepers else 0.0
+                            self._read[name] = hvd.allreduce(
+                                self._read[name] * tf.cast(share, self._read[name].dtype), op=hvd.Sum,
+                                name="parallax_mean_" + tag)
 
     def load(self, sess, values: Dict[str, np.ndarray]) -> None:
         """Assigns whole values to every copy of the named keys (keys not given are left alone)."""
@@ -158,7 +176,7 @@ class StateIO:
 
     @property
     def collective(self) -> bool:
-        return bool(self.averaged)
+        return bool(self.averaged or self.owned)
 
     def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
         """Whole values by key. Collective when the keys include averaged state."""

@@ -1,6 +1,10 @@
 """The AllReduce route: variables replicated on every rank, gradients averaged by Horovod
 (dense tensors fused per plan group; IndexedSlices by allgather). Every rank then holds the
-global gradient and runs the model's own transform and optimizer apply on it."""
+global gradient and runs the model's own transform and optimizer apply on it.
+
+With `name`, every collective is named from it and the plan alone (not from the gradient
+tensors' names), so ranks whose graphs differ still match (Stanza's FC nodes contribute zeros
+to the conv nodes' sums); `summed` adds the contributions instead of averaging them."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -10,15 +14,17 @@ from rewriters.ps_route import lower_bound_bytes
 
 
 class AllReduceRoute:
-    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, name: str = None, summed: bool = False):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
+        self.name, self.summed = name, summed
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
 
     def build(self) -> dict:
-        """Variable op name -> the gradient averaged over ranks."""
+        """Variable op name -> the gradient averaged (or summed) over ranks."""
         import horovod.tensorflow as hvd
         size = self.request.topology.size
+        op = hvd.Sum if self.summed else hvd.Average
         groups, sparse = {}, []
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
@@ -32,16 +38,27 @@ class AllReduceRoute:
         averaged, dense_bytes, gathered_bytes = {}, [], []
         for group in sorted(groups):
             grads, variables = zip(*groups[group])
-            reduced = hvd.grouped_allreduce(list(grads), op=hvd.Average) if size > 1 else list(grads)
+            name = f"{self.name}_group{group}" if self.name else None
+            reduced = hvd.grouped_allreduce(list(grads), op=op, name=name) if size > 1 else list(grads)
             averaged.update({v.op.name: g for g, v in zip(reduced, variables)})
             dense_bytes.extend(tensor_bytes(g) for g in grads)
         for grad, var in sparse:
-            averaged[var.op.name] = hvd.allreduce(grad, op=hvd.Average) if size > 1 else grad
+            averaged[var.op.name] = self._gathered(grad, var, size, op) if size > 1 else grad
             gathered_bytes.append(tensor_bytes(grad) * (size - 1))
         ring = 2.0 * (size - 1) / size
         self.bytes["allreduce"] = tf.cast(ring * tf.cast(_sum(dense_bytes), tf.float64), tf.int64)
         self.bytes["allgather"] = _sum(gathered_bytes)
         return averaged
+
+
+    def _gathered(self, grad, var, size, op):
+        import horovod.tensorflow as hvd
+        if not self.name:
+            return hvd.allreduce(grad, op=op)
+        name = f"{self.name}_{var.op.name.replace('/', '_')}"
+        values = hvd.allgather(grad.values, name=f"{name}_values")
+        indices = hvd.allgather(tf.cast(grad.indices, tf.int64), name=f"{name}_indices")
+        return tf.IndexedSlices(values / size if op == hvd.Average else values, indices, grad.dense_shape)
 
 
 def _sum(values):

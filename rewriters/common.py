@@ -255,15 +255,16 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
     return out
 
 
-def step_report(loss, byte_counts: Dict[str, tf.Tensor], size: int):
+def step_report(loss_share, byte_counts: Dict[str, tf.Tensor], size: int):
     """The one collective every step runs besides training: the sum over ranks of this rank's
-    loss, its checkpoint request and its bytes per route. Every rank learns the mean loss (so
-    all stop together on NaN), whether rank 0 wants a checkpoint after this step (all ranks take
-    part in reading state averaged over ranks), and the cluster's bytes per route.
+    share of the step's loss (its loss / ranks in data parallelism), its checkpoint request and
+    its bytes per route. Every rank learns the loss of the step (so all stop together on NaN),
+    whether rank 0 wants a checkpoint after this step (all ranks take part in reading state
+    averaged over ranks), and the cluster's bytes per route.
     (The loss is never constant, so grappler cannot fold the allreduce away.)"""
     request = tf.compat.v1.placeholder_with_default(tf.constant(0.0, tf.float64), [], name="parallax_ckpt_request")
     routes = sorted(byte_counts)
-    local = tf.stack([tf.cast(loss, tf.float64), request] + [tf.cast(byte_counts[r], tf.float64) for r in routes])
+    local = tf.stack([tf.cast(loss_share, tf.float64), request] + [tf.cast(byte_counts[r], tf.float64) for r in routes])
     if size > 1:
         import horovod.tensorflow as hvd
         return hvd.allreduce(local, op=hvd.Sum, name="parallax_step_report"), request, routes

@@ -21,6 +21,7 @@ from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, step_report
+from rewriters.pruning import needed_without, without
 from rewriters.ps_route import PSRoute
 
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
@@ -73,7 +74,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     transform = transform_lib.analyse(training, ancestors(target))
     chief_only = {op for op in ancestors(target) if _writes_ps_variable(op)}
     gradient_ops = set(transform.depends)
-    elsewhere = _needed_without(target, chief_only, gradient_ops) - chief_only   # what ranks other than 0 run
+    elsewhere = needed_without(target, chief_only, gradient_ops) - chief_only   # what ranks other than 0 run
     crossing = transform_lib.crossing_tensors(transform, on_ps, elsewhere) if ps_entries else []
     transform_lib.feed_global_gradients(transform, global_grads, ancestors(target))
     if ps_route is None:
@@ -84,7 +85,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     else:
         token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
         transform_lib.unpack(crossing, token, elsewhere)
-        step = _without(target, chief_only, gradient_ops, token.op)
+        step = without(target, chief_only, gradient_ops, token.op)
     if sums is not None:
         # A collective every rank must submit, needed there or not. As a session target, not
         # a control input: only used by control, grappler drops it and rank 0 waits forever.
@@ -106,9 +107,10 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
             byte_counts.update(route.bytes)
     for name, layout in detect_layouts(rebuilt, plan).items():
         plan.by_name()[name].layout = layout
-    report, request_checkpoint, report_routes = step_report(training.loss, byte_counts, topo.size)
+    report, request_checkpoint, report_routes = step_report(tf.cast(training.loss, tf.float64) / topo.size, byte_counts,
+                                                            topo.size)
     dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0] / topo.size,
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0],
         train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
@@ -135,48 +137,6 @@ def _writes_ps_variable(op) -> bool:
             if source.type in ("VarHandleOp", "VariableV2") and "/job:ps" in source.device:
                 return True
     return False
-
-
-def _needed_without(target, chief_only: set, gradient_ops: set) -> set:
-    """What ranks other than 0 run: `target`'s ancestors, passing through rank 0's ops only by
-    what they wait for (control inputs, and inputs that carry no gradient)."""
-    seen, stack = set(), [target]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if op not in chief_only or t.op not in gradient_ops)
-        stack.extend(op.control_inputs)
-    return seen
-
-
-def _without(target, chief_only: set, gradient_ops: set, token: tf.Operation) -> tf.Operation:
-    """Ranks other than 0: whatever waited for one of rank 0's ops waits for its token instead,
-    and for what that op itself waited for (e.g. the AllReduce applies behind an increment)."""
-    memo: Dict[tf.Operation, set] = {}
-
-    def waited_for(op) -> set:
-        if op not in memo:
-            memo[op] = set()
-            # TF hangs a control dependency on a new op's inputs when they already carry it
-            for before in list(op.control_inputs) + [t.op for t in op.inputs if t.op not in gradient_ops]:
-                memo[op] |= waited_for(before) if before in chief_only else {before}
-        return memo[op]
-
-    for op in _needed_without(target, chief_only, gradient_ops) - chief_only:
-        if any(c in chief_only for c in op.control_inputs):
-            keep = [c for c in op.control_inputs if c not in chief_only]
-            extra = set().union(*(waited_for(c) for c in op.control_inputs if c in chief_only)) - set(keep)
-            op._remove_all_control_inputs()
-            op._add_control_inputs(keep + sorted(extra, key=lambda o: o.name) + [token])
-        used = [t for t in op.inputs if t.op in chief_only]
-        if used:
-            raise ModelError(f"op {op.name!r} uses the output of {used[0].op.name!r}, which updates a PS variable "
-                             "and runs only on rank 0; make it depend on the update by control only")
-    if target not in chief_only:
-        return target
-    return tf.group(token, *sorted(waited_for(target), key=lambda o: o.name))
 
 
 def _read_step_before_pushing(global_step, needed: set, gradient_ops: set, pushes) -> None:

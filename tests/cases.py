@@ -104,6 +104,42 @@ def _keras(model: str):
     return net, loss
 
 
+IMAGE, CHANNELS = 6, 2
+
+
+def _small_cnn():
+    """conv 3x3 -> relu -> 2x2 max pool -> flatten -> FC 8 (relu) -> FC classes: a feature
+    extractor below an FC head (Stanza's cut is the flatten)."""
+    images = tf.compat.v1.placeholder(tf.float32, [None, IMAGE, IMAGE, CHANNELS], name="images")
+    kernel = tf.compat.v1.get_variable("conv/kernel", [3, 3, CHANNELS, 4],
+                                       initializer=tf.compat.v1.glorot_uniform_initializer(seed=6))
+    bias = tf.compat.v1.get_variable("conv/bias", [4], initializer=tf.compat.v1.zeros_initializer())
+    x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(images, kernel, 1, "SAME"), bias))
+    x = tf.reshape(tf.nn.max_pool2d(x, 2, 2, "VALID"), [-1, (IMAGE // 2) ** 2 * 4])
+    for name, units, seed in (("fc1", 8, 7), ("fc2", CLASSES, 8)):
+        w = tf.compat.v1.get_variable(f"{name}/kernel", [int(x.shape[-1]), units],
+                                      initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
+        b = tf.compat.v1.get_variable(f"{name}/bias", [units], initializer=tf.compat.v1.zeros_initializer())
+        x = tf.nn.bias_add(tf.matmul(x, w), b)
+        x = tf.nn.relu(x) if name == "fc1" else x
+    return _classification_loss(x)
+
+
+def _keras_cnn_bn():
+    """The same in tf_keras with batch norm after the convolution."""
+    import tf_keras
+    layers = tf_keras.layers
+    images = tf.compat.v1.placeholder(tf.float32, [None, IMAGE, IMAGE, CHANNELS], name="images")
+    labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    net = tf_keras.Sequential([
+        layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=tf_keras.initializers.GlorotUniform(6)),
+        layers.BatchNormalization(momentum=0.9, name="bn"), layers.ReLU(), layers.MaxPooling2D(2), layers.Flatten(),
+        layers.Dense(8, activation="relu", kernel_initializer=tf_keras.initializers.GlorotUniform(7)),
+        layers.Dense(CLASSES, kernel_initializer=tf_keras.initializers.GlorotUniform(8))])
+    logits = net(images, training=True)
+    return net, tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
 def build(model: str, optimizer: str):
     """model_fn(ctx) for a named case."""
     def model_fn(ctx=None):
@@ -140,6 +176,12 @@ def build(model: str, optimizer: str):
         if model == "keras":             # tf_keras model, optimizer form
             _, loss = _keras(model)
             return ptf.Model(loss=loss, optimizer=OPTIMIZERS[optimizer]())
+        if model == "cnn_bn":            # tf_keras CNN, batch norm in the feature extractor
+            net, loss = _keras_cnn_bn()
+            with tf.control_dependencies(net.updates):
+                train_op = OPTIMIZERS[optimizer]().minimize(
+                    loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+            return ptf.Model(loss=loss, train_op=train_op)
         if model == "keras_bn":          # tf_keras with batch norm: updates in model.updates
             net, loss = _keras(model)
             with tf.control_dependencies(net.updates):
@@ -152,6 +194,8 @@ def build(model: str, optimizer: str):
             labels = feeds["labels"]
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=labels, logits=_dense_head(features)))
+        elif model == "cnn":
+            loss = _small_cnn()
         elif model == "ref_vars":          # non-resource (v1 "ref") variables
             emb = tf.compat.v1.get_variable("emb", [VOCAB, DIM], use_resource=False,
                                             initializer=tf.compat.v1.random_normal_initializer(seed=1))
@@ -203,6 +247,9 @@ def batch(model: str, rank: int, step: int) -> dict:
     rng = np.random.RandomState(1000 * step + rank)
     if model == "dense_only":
         return {"x": rng.randn(BATCH, DIM), "labels": rng.randint(0, CLASSES, BATCH)}
+    if model in ("cnn", "cnn_bn"):     # cnn_bn: a mean and scale of each rank's own
+        images = rng.randn(BATCH, IMAGE, IMAGE, CHANNELS) * (2 if model == "cnn_bn" else 1) + (rank if model == "cnn_bn" else 0)
+        return {"images": images.astype(np.float32), "labels": rng.randint(0, CLASSES, BATCH)}
     if model == "keras_bn":   # features with a mean and scale of their own, per rank
         return {"x": (rng.randn(BATCH, DIM) * 2 + 1 + rank).astype(np.float32), "labels": rng.randint(0, CLASSES, BATCH)}
     if model == "bn":
@@ -252,5 +299,9 @@ CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in OPTIMIZERS] + [
 ]
 # Batch norm normalises with each rank's own batch (as Horovod does), so these match the
 # average of per-rank gradients rather than one gradient of the concatenated batch.
-PER_RANK_BATCH_STATISTICS = {"bn", "keras_bn"}
-CASE_BY_NAME = {c[0]: c for c in CASES}
+PER_RANK_BATCH_STATISTICS = {"bn", "keras_bn", "cnn_bn"}
+# Models with a feature extractor below an FC head, for Stanza (not in CASES: not every strategy
+# runs them): (case name, model, optimizer, extra run options)
+STANZA_CASES = [("cnn_momentum", "cnn", "momentum", {}), ("cnn_adam", "cnn", "adam", {}),
+                ("cnn_bn", "cnn_bn", "momentum", {}), ("mixed_sgd", "mixed", "sgd", {})]
+CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES}

@@ -1,6 +1,10 @@
 """Flags and helpers shared by tools.bench, tools.bench_job, tools.simulate and tools.validate."""
 from absl import flags
 
+import models.cnn  # noqa: F401,E402  (the reference models' flags: --cnn_fc_units, --lm_vocab, ...)
+import models.lm  # noqa: F401,E402
+import models.mlp  # noqa: F401,E402
+
 flags.DEFINE_string("model", "lm", "Reference model: lm | cnn | mlp.")
 flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 

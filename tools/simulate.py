@@ -2,8 +2,9 @@
 
     python -m tools.simulate --model lm --link_bandwidth 100mbit
 
-Inspects the model once on this machine (single-device compute time, bytes per variable,
-rows a batch touches), then predicts the step time of each strategy as the cluster grows."""
+Inspects the model once on this machine (single-device compute time, the FC head's alone,
+bytes per variable, rows a batch touches), then predicts the step time of each strategy as the
+cluster grows; stanza with the FC node count the cost model picks."""
 from __future__ import annotations
 
 from absl import app, flags
@@ -39,16 +40,26 @@ def main(argv):
     loads = costmodel.loads_from(captured)
     bandwidth = costmodel.parse_rate(FLAGS.link_bandwidth or "100mbit")
     delay = costmodel.parse_delay(FLAGS.link_delay or "0ms")
-    print(f"{FLAGS.model}: single-device compute {captured.compute_s * 1000:.1f}ms/step, links "
+    head = f" (FC head {captured.head_compute_s * 1000:.1f}ms)" if captured.head_compute_s else ""
+    print(f"{FLAGS.model}: single-device compute {captured.compute_s * 1000:.1f}ms/step{head}, links "
           f"{FLAGS.link_bandwidth or '100mbit'}, delay {FLAGS.link_delay or '0ms'}; predicted step time (ms):")
-    names = ["hybrid", "horovod", "tf_ps", "auto"]
-    print("hosts  " + "  ".join(f"{n:>9}" for n in names) + "  hybrid/horovod")
+    split = costmodel.layer_split_load(captured)
+    names = ["hybrid", "horovod", "tf_ps", "auto"] + (["stanza"] if split else [])
+    print("hosts  " + "  ".join(f"{n:>9}" for n in names) + "  hybrid/horovod" + ("  FC nodes" if split else ""))
+    if not split:
+        print(f"(no stanza column: {captured.head_problem})")
     for hosts in [int(h) for h in FLAGS.sim_hosts]:
         cluster = costmodel.Cluster(hosts, FLAGS.sim_ranks_per_host, bandwidth, delay)
         steps = {n: costmodel.predict(loads, c, cluster, captured.compute_s).step_s
                  for n, c in strategy_choices(loads, cluster).items()}
+        fc_nodes = ""
+        if split:
+            fc, predicted = costmodel.choose_fc_nodes(loads, split, cluster, captured.compute_s)
+            steps["stanza"], fc_nodes = predicted.step_s, f"  {fc:8d}"
+            if predicted.step_s <= 0.95 * steps["auto"]:     # the planner's rule (planner._auto_stanza)
+                steps["auto"] = predicted.step_s
         print(f"{hosts:>5}  " + "  ".join(f"{steps[n] * 1000:9.1f}" for n in names)
-              + f"  {steps['horovod'] / steps['hybrid']:13.2f}x"
+              + f"  {steps['horovod'] / steps['hybrid']:13.2f}x" + fc_nodes
               + (f"   (Parallax paper, 48 GPUs: {PAPER_48_HOST_SPEEDUP}x)" if hosts == 48 else ""))
 
 

@@ -90,7 +90,7 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             with guard(f"step {step}"):
                 out = sess.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
             report = out["report"]
-            mean_loss = report[0] / ctx.size
+            mean_loss = report[0]          # every rank added its share
             stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,
                       out["lower_bound"], dict(zip(dgraph.report_routes, report[2:])))
             stats.checkpoint_requested = report[1] > 0

@@ -1,6 +1,7 @@
 """Runs on every rank: trains each named case with parallax_tf and saves what this rank got.
 
 usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...] [--flag=value ...]  (parallax_tf flags)"""
+import json
 import os
 import sys
 
@@ -20,7 +21,8 @@ def main(out_dir, strategy, names):
         arrays = {f"var:{k}": v for k, v in result.variables.items()}
         layouts = {v.name: v.layout for v in result.plan.variables}
         np.savez(os.path.join(out_dir, f"{name}.rank{hvd.rank()}.npz"), losses=np.array(result.losses),
-                 global_step=result.global_step, layouts=repr(layouts), **arrays)
+                 global_step=result.global_step, layouts=repr(layouts), route_bytes=json.dumps(result.bytes_per_step),
+                 **arrays)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 and saves what this rank got into --out/<case>.rank<r>.npz. A rank can be made to misbehave."""
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -14,8 +15,11 @@ from tests import cases  # noqa: E402
 flags.DEFINE_string("case", "mixed_sgd", "a name from tests/cases.py CASES")
 flags.DEFINE_string("out", None, "directory for the per-rank results")
 flags.DEFINE_integer("nan_at_step", -1, "rank 1 feeds NaN targets at this step (sparse_only case)")
-flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) at this step")
-flags.DEFINE_integer("die_rank", 1, "which rank --die_at_step kills")
+flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) when rank --die_trigger_rank reaches "
+                     "this step")
+flags.DEFINE_integer("die_rank", 1, "which rank (global) --die_at_step kills")
+flags.DEFINE_integer("die_trigger_rank", None, "whose step counts (its ctx.rank; default --die_rank): a rank that "
+                     "reads no data (a Stanza FC node) dies when another rank reaches the step")
 FLAGS = flags.FLAGS
 
 
@@ -23,15 +27,26 @@ def _rank():
     return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 
+def _die_when_stamped(stamp: str) -> None:
+    while not os.path.exists(stamp):
+        time.sleep(0.02)
+    os.kill(os.getpid(), 9)
+
+
 def main(argv):
     _, model, optimizer, extra = cases.CASE_BY_NAME[FLAGS.case]
     inner = cases.input_fn_for(model)
+    stamp = os.path.join(FLAGS.out or ".", "died_at")
+    trigger = FLAGS.die_rank if FLAGS.die_trigger_rank is None else FLAGS.die_trigger_rank
+    if FLAGS.die_at_step >= 0 and _rank() == FLAGS.die_rank and trigger != FLAGS.die_rank:
+        threading.Thread(target=_die_when_stamped, args=(stamp,), daemon=True).start()
 
     def input_fn(ctx):
-        if ctx.rank == FLAGS.die_rank and ctx.step == FLAGS.die_at_step:
-            with open(os.path.join(FLAGS.out, "died_at"), "w") as stamp:
-                stamp.write(repr(time.time()))
-            os.kill(os.getpid(), 9)
+        if ctx.rank == trigger and ctx.step == FLAGS.die_at_step:
+            with open(stamp, "w") as out:
+                out.write(repr(time.time()))
+            if _rank() == FLAGS.die_rank:
+                os.kill(os.getpid(), 9)
         feeds = inner(ctx)
         if ctx.rank == 1 and ctx.step == FLAGS.nan_at_step:
             feeds["y"] = np.full_like(feeds["y"], np.nan)

@@ -1,0 +1,89 @@
+"""Running a train op without some of its ops: those another rank runs (rank 0's writes of PS
+variables in the synchronous strategies; in Stanza the head's updates on conv nodes and the
+feature extractor's on FC nodes)."""
+from __future__ import annotations
+
+from typing import Dict
+
+import tensorflow as tf
+
+from parallax_tf.errors import ModelError
+from parallax_tf.inspect_graph import WRITE_OPS
+
+_APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
+
+
+def needed_without(target, dropped: set, gradient_ops: set, through_inputs: bool = True) -> set:
+    """What this rank runs: `target`'s ancestors, passing through a dropped op only by what it
+    waits for (control inputs, and, `through_inputs`, inputs that carry no gradient)."""
+    seen, stack = set(), [target]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs
+                     if op not in dropped or (through_inputs and t.op not in gradient_ops))
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def without(target, dropped: set, gradient_ops: set, token: tf.Operation, through_inputs: bool = True) -> tf.Operation:
+    """`target` without the dropped ops: whatever waited for one of them waits for `token`
+    instead, and for what that op itself waited for (e.g. the AllReduce applies behind an
+    increment of the global step): its control inputs and, `through_inputs`, the inputs
+    that carry no gradient. Stanza passes False: a dropped op is the other side's work, and
+    what it computes from (the other side's forward) must not run here."""
+    memo: Dict[tf.Operation, set] = {}
+
+    def waited_for(op) -> set:
+        if op not in memo:
+            memo[op] = set()
+            # TF hangs a control dependency on a new op's inputs when they already carry it
+            inputs = [t.op for t in op.inputs if t.op not in gradient_ops] if through_inputs else []
+            for before in list(op.control_inputs) + inputs:
+                memo[op] |= waited_for(before) if before in dropped else {before}
+        return memo[op]
+
+    for op in needed_without(target, dropped, gradient_ops, through_inputs) - dropped:
+        if any(c in dropped for c in op.control_inputs):
+            keep = [c for c in op.control_inputs if c not in dropped]
+            extra = set().union(*(waited_for(c) for c in op.control_inputs if c in dropped)) - set(keep)
+            op._remove_all_control_inputs()
+            op._add_control_inputs(keep + sorted(extra, key=lambda o: o.name) + [token])
+        used = [t for t in op.inputs if t.op in dropped]
+        if used:
+            raise ModelError(f"op {op.name!r} uses the output of {used[0].op.name!r}, which updates a variable "
+                             "another rank updates (this rank does not run it); make it depend on the update by "
+                             "control only")
+    if target not in dropped:
+        return target
+    return tf.group(token, *sorted(waited_for(target), key=lambda o: o.name))
+
+
+def variable_and_slot_ops(training, parts: dict, names: set) -> set:
+    """Op names of the named variables' pieces (`parts`: name -> pieces) and of their
+    optimizer slots."""
+    found = set()
+    for name in names:
+        for part in parts[name]:
+            found.add(part.variable.op.name)
+            for apply in training.applies:
+                for slot in apply.optimizer.get_slot_names():
+                    var = apply.optimizer.get_slot(part.variable, slot)
+                    if var is not None:
+                        found.add(var.op.name)
+    return found
+
+
+def writes(op, names: set) -> bool:
+    """Whether the op changes one of the named variables (by op name)."""
+    if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
+        return False
+    tensor = op.inputs[0] if op.inputs else None
+    if tensor is None or not (tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype):
+        return False
+    source = tensor.op
+    while source.type == "Identity" and source.inputs:
+        source = source.inputs[0].op
+    return source.name in names

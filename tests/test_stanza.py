@@ -1,0 +1,180 @@
+"""Stanza (--strategy stanza) on real ranks: conv nodes train the layers below the FC head, FC
+nodes the head. Synchronous, so the result must equal single-device training on the
+concatenation of the conv nodes' batches (batch norm in the extractor: the per-rank-statistics
+rule); the plan finds the cut; models without a clean cut get one message; a lost FC node is
+named."""
+import functools
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from parallax_tf.errors import ModelError
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import RunContext
+from parallax_tf.plan import Plan
+from parallax_tf.planner import make_plan
+from tests import cases, launch, reference
+
+CASES = [c[0] for c in cases.STANZA_CASES]
+# micro-batches have their own batch statistics: no batch norm there (the planner refuses it)
+MICRO_CASES = [c for c in CASES if cases.CASE_BY_NAME[c][1] not in cases.PER_RANK_BATCH_STATISTICS]
+
+
+@functools.lru_cache(maxsize=None)
+def run_cases(size: int, fc_nodes: int, microbatches: int = 1) -> str:
+    out = tempfile.mkdtemp(prefix=f"ptf-stanza-{size}-{fc_nodes}-{microbatches}-")
+    names = CASES if microbatches == 1 else MICRO_CASES
+    proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", out, "stanza", *names, f"--fc_nodes={fc_nodes}",
+                                   f"--stanza_microbatches={microbatches}"])
+    assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
+    return out
+
+
+def check(out: str, name: str, size: int, conv_nodes: int) -> None:
+    _, model, optimizer, _ = cases.CASE_BY_NAME[name]
+    if model in cases.PER_RANK_BATCH_STATISTICS:
+        want = reference.train_per_rank_statistics(model, optimizer, conv_nodes)
+    else:
+        want = reference.train_single_device(model, optimizer, conv_nodes)
+    ranks = [np.load(os.path.join(out, f"{name}.rank{r}.npz")) for r in range(size)]
+    tolerance = 1e-4 if optimizer == "adam" else 1e-5
+    for var, value in want.items():
+        got = ranks[0][f"var:{var}"]
+        assert reference.relative_error(got, value) <= tolerance, (name, var, reference.relative_error(got, value))
+        for other in ranks[1:]:           # conv and FC nodes hand back the same whole values
+            np.testing.assert_array_equal(other[f"var:{var}"], got)
+    assert sorted(k[4:] for k in ranks[0].files if k.startswith("var:")) == sorted(want)
+    assert all(int(r["global_step"]) == cases.STEPS for r in ranks)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_fc_node_serving_two_conv_nodes(name):
+    check(run_cases(3, 1), name, 3, 2)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_two_fc_nodes_each_serving_a_group(name):
+    check(run_cases(5, 2), name, 5, 3)          # groups [0, 1] -> 3 and [2] -> 4: unequal shares
+
+
+@pytest.mark.parametrize("name", MICRO_CASES)
+def test_micro_batches_give_the_same_step(name):
+    # 4 examples per conv node in 3 micro-batches: 2, 1 and 1 rows cross separately
+    check(run_cases(3, 1, 3), name, 3, 2)
+
+
+def test_micro_batches_with_batch_norm_are_refused():
+    from parallax_tf.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"--stanza_microbatches=2 with model state computed from the batch "
+                                          r"\('sequential/bn/moving_mean', e.g. batch norm\)"):
+        _plan(cases.build("cnn_bn", "momentum"), cases.input_fn_for("cnn_bn"), microbatches=2)
+
+
+def _plan(model_fn, input_fn, ranks=3, **stanza):
+    captured = capture(model_fn, input_fn, RunContext(), 0)
+    return make_plan(captured, "stanza", ranks, 1, route_options={"fc_node": {"fc_nodes": 1, **stanza}})
+
+
+def test_plan_finds_the_cut_and_names_the_nodes():
+    plan = _plan(cases.build("cnn", "momentum"), cases.input_fn_for("cnn"), ranks=4,
+                 fc_nodes=2, microbatches=2)
+    routes = {v.name: v.route for v in plan.variables}
+    assert {n for n, r in routes.items() if r == "fc_node"} == {"fc1/kernel", "fc1/bias", "fc2/kernel", "fc2/bias"}
+    assert routes["conv/kernel"] == routes["conv/bias"] == "allreduce"
+    split = plan.split
+    assert split.conv_ranks == [0, 1] and split.fc_ranks == [2, 3] and split.groups == [[0], [1]]
+    assert [(t.name, t.shape, t.kind, t.bytes_per_example) for t in split.cut] == \
+        [("Reshape:0", [36], "activation", 144), ("labels:0", [], "data", 8)]
+    table = plan.table()
+    assert "cut: Reshape:0 [36] float32 144B per example (activation)" in table
+    assert "rank 2 serves [0]; rank 3 serves [1]; 2 micro-batches per step" in table
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_keras_batch_norm_state_stays_with_the_conv_nodes():
+    plan = _plan(cases.build("cnn_bn", "momentum"), cases.input_fn_for("cnn_bn"))
+    by_name = {v.name.replace("sequential/", ""): v for v in plan.variables}
+    assert by_name["bn/moving_mean"].route == "local" and by_name["bn/moving_mean"].params["ranks"] == [0, 1]
+    assert by_name["dense/kernel"].route == "fc_node" and by_name["dense_1/kernel"].route == "fc_node"
+    assert by_name["bn/gamma"].route == "allreduce"
+    assert [t.name for t in plan.split.cut] == ["sequential/flatten/Reshape:0", "labels:0"]
+
+
+def _interleaved():
+    """conv -> FC -> reshape -> conv: the FC layer feeds the feature extractor."""
+    images = tf.compat.v1.placeholder(tf.float32, [None, 4, 4, 1], name="images")
+    labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    k1 = tf.compat.v1.get_variable("k1", [3, 3, 1, 2])
+    x = tf.reshape(tf.nn.conv2d(images, k1, 1, "SAME"), [-1, 32])
+    w = tf.compat.v1.get_variable("w", [32, 16])
+    x = tf.reshape(tf.matmul(x, w), [-1, 4, 4, 1])
+    k2 = tf.compat.v1.get_variable("k2", [3, 3, 1, 3])
+    logits = tf.reduce_mean(tf.nn.conv2d(x, k2, 1, "SAME"), axis=[1, 2])
+    import parallax_tf as ptf
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def _shared_weight():
+    """One bias added in the extractor and in the head."""
+    x = tf.compat.v1.placeholder(tf.float32, [None, 4, 4, 1], name="images")
+    labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    k = tf.compat.v1.get_variable("k", [3, 3, 1, 1])
+    b = tf.compat.v1.get_variable("b", [1])
+    w = tf.compat.v1.get_variable("w", [16, 3])
+    h = tf.reshape(tf.nn.conv2d(x, k, 1, "SAME") + b, [-1, 16])
+    logits = tf.matmul(h, w) + b
+    import parallax_tf as ptf
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def _images(ctx):
+    rng = np.random.RandomState(ctx.step)
+    return {"images": rng.randn(2, 4, 4, 1).astype(np.float32), "labels": np.array([0, 1])}
+
+
+@pytest.mark.parametrize("model_fn,message", [
+    (_interleaved, r"the conv layer 'k2' comes after a fully connected layer: the FC layers are interleaved"),
+    (_shared_weight, r"variable 'b' is used both inside the FC head .* and before it"),
+    (cases.build("sparse_only", "adam"), r"the model has no fully connected layer on the way to the loss"),
+])
+def test_no_clean_cut_is_one_clear_message(model_fn, message):
+    input_fn = _images if model_fn in (_interleaved, _shared_weight) else cases.input_fn_for("sparse_only")
+    with pytest.raises(ModelError, match=r"--strategy stanza: " + message):
+        _plan(model_fn, input_fn)
+
+
+def test_fc_node_count_is_checked():
+    from parallax_tf.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"--fc_nodes=3 with 3 rank\(s\)"):
+        _plan(cases.build("cnn", "sgd"), cases.input_fn_for("cnn"), ranks=3, fc_nodes=3)
+    with pytest.raises(ConfigError, match=r"--fc_nodes=3 exceeds the 2 conv node"):
+        _plan(cases.build("cnn", "sgd"), cases.input_fn_for("cnn"), ranks=5, fc_nodes=3)
+
+
+def test_a_killed_fc_node_is_named():
+    out = tempfile.mkdtemp(prefix="ptf-stanza-kill-")
+    proc = launch.run_ranks(1, ["tests/jobs/train_case.py", "--np=3", "--case=cnn_momentum", f"--out={out}",
+                                "--strategy=stanza", "--steps=400", "--log_every=0", "--die_at_step=4",
+                                "--die_rank=2", "--die_trigger_rank=0"], launcher="python", timeout=240)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "rank 2 on localhost exited with status 137; stopping the other ranks" in output
+    assert re.search(r"parallax_tf rank [01]: .*lost: rank 2 \(", output), launch.tail(proc)
+    assert not [f for f in os.listdir(out) if f.endswith(".npz")]
+
+
+def test_activation_bytes_are_what_crosses_the_cut():
+    # cnn's cut: 36 float32 activations (144 B) and an int64 label (8 B) per example; each conv
+    # node sends BATCH examples and receives the activations' gradient; the FC node both for two
+    out = run_cases(3, 1)
+    per_conv_node = cases.BATCH * (144 + 8) + cases.BATCH * 144
+    moved = [json.loads(str(np.load(os.path.join(out, f"cnn_momentum.rank{r}.npz"))["route_bytes"])) for r in range(3)]
+    assert [m["activations"] for m in moved] == [per_conv_node, per_conv_node, 2 * per_conv_node]
+    assert moved[0]["allreduce"] > 0 and moved[0]["allreduce"] == moved[1]["allreduce"]
