@@ -252,8 +252,11 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     if cluster.cores and cluster.ranks > cluster.cores:
         cpu = conv * (conv_compute + cluster.runtime_cpu_s) + fc_nodes * (fc_compute + cluster.runtime_cpu_s)
         cpu_bound = cpu / cluster.cores
-    return Prediction(compute_s=conv_compute, network_s=pipeline + tail,
-                      latency_s=4 * cluster.delay_s * microbatches, server_s=0.0, cpu_bound_s=cpu_bound)
+    # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
+    # round besides the links' delay
+    rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)
+    return Prediction(compute_s=conv_compute, network_s=pipeline + tail, latency_s=rounds, server_s=0.0,
+                      cpu_bound_s=cpu_bound)
 
 
 def choose_fc_nodes(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float,

@@ -151,7 +151,7 @@ class _ConvSide(_Side):
         first = self.request.topology.rank == self.group[0]       # sends the replicated tensors
         micro, rows = self._micro_batches()
         batch = self._batch(rows)
-        moved, ys, grad_ys = [], [], []
+        moved, sent, ys, grad_ys = [], [], [], []      # bytes both ways / sent only (the lower bound's)
         for m, tensors in enumerate(micro):
             for i, (spec, tensor) in enumerate(self.cut):
                 if spec.kind == REPLICATED and m > 0:
@@ -165,6 +165,7 @@ class _ConvSide(_Side):
                                       name=_name("forward", i, m))
                 self.targets.append(out.op)
                 moved.append(tensor_bytes(piece))
+                sent.append(moved[-1])
                 if spec.kind == DATA:
                     continue
                 grad, _ = hvd.alltoall(exchange.empty(per, tensor.dtype), splits=exchange.nothing(self.size),
@@ -177,9 +178,8 @@ class _ConvSide(_Side):
                     grad_ys.append(tf.reshape(grad, tf.shape(tensor)) / tf.cast(batch, tensor.dtype))
         route, global_grads = self._sum_extractor(gradients(ys, grad_ys, self.extractor, set()))
         self._sum_head(None)                       # takes part in the FC nodes' sum
-        activations = tf.add_n(moved)
         return _Built(global_grads, self.targets, tf.constant(0.0, tf.float64),
-                      dict(route.bytes, activations=activations), route.lower_bound + [activations])
+                      dict(route.bytes, activations=tf.add_n(moved)), route.lower_bound + sent)
 
     def _micro_batches(self):
         """Per micro-batch, the per-example cut tensors computed on that slice of the batch (the
@@ -224,17 +224,17 @@ class _FCSide(_Side):
                 k += len(parts)
             for (i, value), grad in zip(inputs, dys[len(xs):]):
                 back.setdefault(i, []).append(exchange.scale(grad, w) if grad is not None else tf.zeros_like(value))
-        moved += self._send_back(back, received)
+        sent = self._send_back(back, received)
+        moved += sent
         summed, head_bytes = self._sum_head(own)
         # the FC node adds zeros to the conv nodes' sum of the extractor's gradients
         route, discarded = self._sum_extractor({n: [self._nothing_for(n, p.variable) for p in parts]
                                                 for n, parts in self.extractor.items()})
         self.targets.extend(op for g in discarded.values() for op in _ops_of(g))
         route.bytes["allreduce"] = route.bytes["allreduce"] + head_bytes
-        activations = tf.add_n(moved)
         loss_share = tf.add_n([tf.cast(loss, tf.float64) * w for loss, w in zip(losses, weights)]) / batch
-        return _Built(summed, self.targets, loss_share, dict(route.bytes, activations=activations),
-                      route.lower_bound + [activations, head_bytes])
+        return _Built(summed, self.targets, loss_share, dict(route.bytes, activations=tf.add_n(moved)),
+                      route.lower_bound + sent + [head_bytes])
 
     def _receive(self):
         """Per micro-batch: the loss of the head on what arrived, and (spec, value, rows per

@@ -139,13 +139,16 @@ def _images(ctx):
     return {"images": rng.randn(2, 4, 4, 1).astype(np.float32), "labels": np.array([0, 1])}
 
 
-@pytest.mark.parametrize("model_fn,message", [
-    (_interleaved, r"the conv layer 'k2' comes after a fully connected layer: the FC layers are interleaved"),
-    (_shared_weight, r"variable 'b' is used both inside the FC head .* and before it"),
-    (cases.build("sparse_only", "adam"), r"the model has no fully connected layer on the way to the loss"),
+@pytest.mark.parametrize("model_fn,input_fn,message", [
+    (_interleaved, _images,
+     r"the conv layer 'k2' comes after a fully connected layer: the FC layers are interleaved"),
+    (_shared_weight, _images, r"variable 'b' is used both inside the FC head .* and before it"),
+    (cases.build("sparse_only", "adam"), cases.input_fn_for("sparse_only"),
+     r"the model has no fully connected layer on the way to the loss"),
+    (cases.build("tfdata", "momentum"), None,       # tf.data batches of a fixed size
+     r"tensor 'Mean:0' entering the FC head has a fixed batch dimension \(4\)"),
 ])
-def test_no_clean_cut_is_one_clear_message(model_fn, message):
-    input_fn = _images if model_fn in (_interleaved, _shared_weight) else cases.input_fn_for("sparse_only")
+def test_no_clean_cut_is_one_clear_message(model_fn, input_fn, message):
     with pytest.raises(ModelError, match=r"--strategy stanza: " + message):
         _plan(model_fn, input_fn)
 
@@ -178,3 +181,90 @@ def test_activation_bytes_are_what_crosses_the_cut():
     moved = [json.loads(str(np.load(os.path.join(out, f"cnn_momentum.rank{r}.npz"))["route_bytes"])) for r in range(3)]
     assert [m["activations"] for m in moved] == [per_conv_node, per_conv_node, 2 * per_conv_node]
     assert moved[0]["allreduce"] > 0 and moved[0]["allreduce"] == moved[1]["allreduce"]
+
+
+def _fc_heavy_loads(head_bytes=100 * 2**20, extractor_bytes=2**20):
+    from parallax_tf import costmodel
+    loads = [costmodel.Load("conv", extractor_bytes, "dense", 0, 1), costmodel.Load("fc", head_bytes, "dense", 0, 1)]
+    return loads, costmodel.LayerSplitLoad(head={"fc"}, activation_bytes=8192, data_bytes=8, batch=32,
+                                           head_compute_s=0.05)
+
+
+def test_cost_model_prefers_stanza_for_an_fc_heavy_model_on_slow_links():
+    from parallax_tf import costmodel
+    from parallax_tf.plan import ROUTE_ALLREDUCE
+    loads, split = _fc_heavy_loads()
+    slow = costmodel.Cluster(8, bandwidth_bytes_per_s=100e6 / 8)
+    horovod = costmodel.predict(loads, {l.name: costmodel.Choice(ROUTE_ALLREDUCE) for l in loads}, slow, 0.1).step_s
+    fc_nodes, stanza = costmodel.choose_fc_nodes(loads, split, slow, 0.1)
+    assert fc_nodes == 1                       # a second FC node would have to sum 100 MB with the first
+    assert stanza.step_s < horovod / 10
+    # the FC node's link carries 7 conv nodes' activations (8 KB per example, 32 each) both ways
+    assert stanza.network_s >= 2 * 7 * 32 * 8192 / slow.bandwidth_bytes_per_s
+    fast = costmodel.Cluster(8, bandwidth_bytes_per_s=10e9 / 8)
+    assert costmodel.predict_stanza(loads, split, fast, 0.1, 1).step_s < stanza.step_s
+
+
+def test_cost_model_spreads_a_compute_heavy_small_head_over_fc_nodes():
+    from parallax_tf import costmodel
+    loads, split = _fc_heavy_loads(head_bytes=4096)
+    split.head_compute_s = 0.5
+    fc_nodes, _ = costmodel.choose_fc_nodes(loads, split, costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8), 0.6)
+    assert fc_nodes > 1
+    one = costmodel.predict_stanza(loads, split, costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8), 0.6, 1)
+    piped = costmodel.predict_stanza(loads, split, costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8), 0.6, 1, 4)
+    assert piped.step_s < one.step_s           # micro-batches overlap transfers with the FC compute
+
+
+def _wide_head_cnn():
+    """A small CNN whose FC head holds almost all the weights (4 MB)."""
+    images = tf.compat.v1.placeholder(tf.float32, [None, 8, 8, 1], name="images")
+    labels = tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    kernel = tf.compat.v1.get_variable("conv/kernel", [3, 3, 1, 4])
+    x = tf.reshape(tf.nn.relu(tf.nn.conv2d(images, kernel, 1, "SAME")), [-1, 256])
+    for name, units in (("fc1", 2048), ("fc2", 10)):
+        w = tf.compat.v1.get_variable(f"{name}/kernel", [int(x.shape[-1]), units])
+        b = tf.compat.v1.get_variable(f"{name}/bias", [units], initializer=tf.compat.v1.zeros_initializer())
+        x = tf.nn.bias_add(tf.matmul(x, w), b)
+        x = tf.nn.relu(x) if name == "fc1" else x
+    logits = x
+    import parallax_tf as ptf
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.MomentumOptimizer(0.01, 0.9))
+
+
+def _wide_images(ctx):
+    rng = np.random.RandomState(ctx.step)
+    return {"images": rng.randn(16, 8, 8, 1).astype(np.float32), "labels": rng.randint(0, 10, 16)}
+
+
+def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
+    from parallax_tf import costmodel
+    captured = capture(_wide_head_cnn, _wide_images, RunContext(), 0, time_compute=True)
+    assert captured.head_compute_s > 0 and captured.batch_size == 16
+    slow = costmodel.Cluster(8, bandwidth_bytes_per_s=10e6 / 8)
+    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow)
+    assert plan.strategy == "stanza" and plan.split.fc_ranks == [7]
+    assert all(v.reason.startswith("auto chose stanza (predicted step ") for v in plan.variables)
+    # a head too small to matter on fast links: data parallel stays
+    fast = costmodel.Cluster(8, bandwidth_bytes_per_s=100e9 / 8)
+    assert make_plan(captured, "auto", 8, 8, cost_cluster=fast).strategy == "auto"
+
+
+def test_checkpoint_has_single_device_names_and_resume_continues():
+    # 3 steps, then a restart to 5 from the checkpoint: the same as 5 uninterrupted steps
+    ckpt, out = tempfile.mkdtemp(prefix="ptf-stanza-ckpt-"), tempfile.mkdtemp(prefix="ptf-stanza-ckpt-")
+    flags = ["tests/jobs/train_case.py", "--np=3", "--case=cnn_bn", f"--out={out}", "--strategy=stanza",
+             "--log_every=0", f"--ckpt_dir={ckpt}"]
+    first = launch.run_ranks(1, flags + ["--steps=3"], launcher="python", timeout=240)
+    assert first.returncode == 0, launch.tail(first)
+    saved = tf.train.list_variables(tf.train.latest_checkpoint(ckpt))
+    names = {name for name, _ in saved}
+    assert {"sequential/dense/kernel", "sequential/conv2d/kernel", "sequential/bn/moving_mean"} <= names
+    second = launch.run_ranks(1, flags + ["--steps=5"], launcher="python", timeout=240)
+    assert second.returncode == 0, launch.tail(second)
+    result = np.load(os.path.join(out, "cnn_bn.rank2.npz"))      # an FC node hands back every value too
+    assert int(result["start_step"]) == 3 and int(result["global_step"]) == 5
+    want = reference.train_per_rank_statistics("cnn_bn", "momentum", 2, steps=5)
+    for name, value in want.items():
+        assert reference.relative_error(result[f"var:{name}"], value) <= 1e-5, name
