@@ -16,7 +16,7 @@ changing the ones here:
                rank, pulled eagerly in the background (params["pull"] "eager"), sparse ones are
                read row by row from the server in the step (params["pull"] "rows")
   "fc_node"    Stanza: a variable of the FC head, trained on the FC nodes from the conv nodes'
-               activations (params["fc_ranks"]); the plan's `split` says who serves whom
+               activations (params["ranks"]: the FC nodes); the plan's `split` says who serves whom
 Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
   "stage"      pipeline stage with layer-wise staleness (DSP)
 """
@@ -88,9 +88,6 @@ class LayerSplit:
     groups: List[List[int]]     # per FC node, in fc_ranks order: the conv ranks it serves
     cut: List[CutTensor]
     microbatches: int = 1       # each conv node's batch crosses the cut in this many pieces
-
-    def fc_rank_of(self, conv_rank: int) -> int:
-        return next(fc for fc, group in zip(self.fc_ranks, self.groups) if conv_rank in group)
 
     def group_of(self, rank: int) -> List[int]:
         """The conv ranks of the group `rank` belongs to, its FC node last."""
