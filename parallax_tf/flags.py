@@ -44,8 +44,8 @@ flags.DEFINE_float("slim_explore", 0.02, "slim_dp: fraction of each dense variab
 flags.DEFINE_integer("slim_refresh", 10, "slim_dp: rounds between core-set refreshes.")
 flags.DEFINE_integer("slim_period", 1, "slim_dp: local steps per communication round.")
 flags.DEFINE_float("slim_lambda", 1.0, "slim_dp: weight of the last aggregated update in the significance score.")
-flags.DEFINE_bool("slim_error_feedback", False, "slim_dp: keep the unsent part of a rank's accumulated "
-                  "gradient and add it to the next round's.")
+flags.DEFINE_bool("slim_error_feedback", True, "slim_dp: keep the unsent part of a rank's accumulated "
+                  "gradient and add it to the next round's (--noslim_error_feedback: drop it).")
 flags.DEFINE_string("staleness_lr", "inverse", "ps_plus: learning rate of a push computed on a copy tau versions "
                     "old: inverse (lr / max(1, tau)), none (plain async), exp:GAMMA (lr * GAMMA**tau).")
 flags.DEFINE_enum("ps_plus_sparse_pull", "rows", ["rows", "eager"], "ps_plus: a sparse variable's rows are read "
