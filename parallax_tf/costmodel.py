@@ -259,6 +259,13 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
                       cpu_bound_s=cpu_bound)
 
 
+STANZA_MARGIN = 0.95    # auto switches to stanza only when predicted at least 5% faster
+
+
+def prefers_stanza(stanza_s: float, data_parallel_s: float) -> bool:
+    return stanza_s <= STANZA_MARGIN * data_parallel_s
+
+
 def choose_fc_nodes(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float,
                     microbatches: int = 1) -> Tuple[int, Prediction]:
     """The FC node count with the shortest predicted step (at most half the ranks)."""

@@ -143,7 +143,7 @@ def _auto_stanza(capture: Capture, cluster, auto: dict):
     per_variable = costmodel.predict(loads, {name: choice for name, (choice, _) in auto.items()}, cluster,
                                      compute).step_s
     fc_nodes, predicted = costmodel.choose_fc_nodes(loads, split, cluster, compute)
-    if predicted.step_s > 0.95 * per_variable:
+    if not costmodel.prefers_stanza(predicted.step_s, per_variable):
         return None
     return fc_nodes, (f"predicted step {predicted.step_s * 1000:.1f}ms with {fc_nodes} FC node(s) vs "
                       f"{per_variable * 1000:.1f}ms data parallel")

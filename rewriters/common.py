@@ -255,6 +255,18 @@ def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:
     return out
 
 
+def advancing_global_step(training, device: str):
+    """(train target, global step): the model's own step when its train op advances one, else
+    the toolkit's own on `device`, advanced once after the train op."""
+    step, target = training.global_step, training.train_op
+    if step is None:
+        with tf.device(device):
+            step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step", use_resource=True)
+        with tf.control_dependencies([target]), tf.compat.v1.colocate_with(step):
+            target = step.assign_add(1).op
+    return target, step
+
+
 def step_report(loss_share, byte_counts: Dict[str, tf.Tensor], size: int):
     """The one collective every step runs besides training: the sum over ranks of this rank's
     share of the step's loss (its loss / ranks in data parallelism), its checkpoint request and

@@ -76,14 +76,21 @@ def variable_and_slot_ops(training, parts: dict, names: set) -> set:
     return found
 
 
+def written_variables(op) -> list:
+    """The variable ops (through Identity reads) an assign or optimizer apply changes; [] for
+    any other op."""
+    if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
+        return []
+    found = []
+    for tensor in op.inputs:
+        if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:
+            source = tensor.op
+            while source.type == "Identity" and source.inputs:
+                source = source.inputs[0].op
+            found.append(source)
+    return found
+
+
 def writes(op, names: set) -> bool:
     """Whether the op changes one of the named variables (by op name)."""
-    if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
-        return False
-    tensor = op.inputs[0] if op.inputs else None
-    if tensor is None or not (tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype):
-        return False
-    source = tensor.op
-    while source.type == "Identity" and source.inputs:
-        source = source.inputs[0].op
-    return source.name in names
+    return any(source.name in names for source in written_variables(op))

@@ -36,7 +36,8 @@ from parallax_tf.runtime import session
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from rewriters import exchange, graph_copy, transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
-from rewriters.common import BuildRequest, DistributedGraph, ancestors, gradients, rebuild, step_report, tensor_bytes
+from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, gradients, rebuild,
+                              step_report, tensor_bytes)
 from rewriters.pruning import needed_without, variable_and_slot_ops, without, writes
 
 
@@ -61,7 +62,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     graph = tf.compat.v1.get_default_graph()
     head = {v.name for v in plan.on_route(ROUTE_FC_NODE)}
     head_state = {v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("ranks") == split.fc_ranks}
-    target, global_step = _with_global_step(training, topo)
+    target, global_step = advancing_global_step(training, topo.worker_device)
     cut = [(spec, graph.get_tensor_by_name(spec.name)) for spec in split.cut]
     built = (_FCSide if on_fc else _ConvSide)(request, rebuilt, split, cut, head).build()
     # what this rank does not update: the other side's variables, their slots, its state
@@ -298,18 +299,6 @@ def train_split(sess, dgraph, input_fn, ctx, placeholders, start, steps, hooks, 
         return session.train(sess, dgraph, input_fn, data_ctx, placeholders, start, steps, hooks, tracer, guard,
                              timeout_ms)
     return session.train(sess, dgraph, None, ctx, [], start, steps, hooks, tracer, guard, timeout_ms)
-
-
-def _with_global_step(training, topo):
-    """The model's global step, or the toolkit's own, advanced once per step on every rank."""
-    target, step = training.train_op, training.global_step
-    if step is None:
-        with tf.device(topo.worker_device):
-            step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step", use_resource=True)
-        with tf.control_dependencies([target]):
-            target = step.assign_add(1).op
-        training.train_op = target
-    return target, step
 
 
 def _state_names(plan) -> set:

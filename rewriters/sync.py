@@ -15,16 +15,14 @@ from typing import Callable, Dict, Optional, Sequence
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
-from parallax_tf.inspect_graph import WRITE_OPS
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, step_report
-from rewriters.pruning import needed_without, without
+from rewriters.common import BuildRequest, DistributedGraph, advancing_global_step, ancestors, rebuild, step_report
+from rewriters.pruning import needed_without, without, written_variables
 from rewriters.ps_route import PSRoute
 
-_APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
 
 
 def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str,
@@ -44,13 +42,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
                          "depends on the model's variables")
     ps_entries, ar_entries = plan.on_route(ROUTE_PS), plan.on_route(ROUTE_ALLREDUCE)
-    global_step, target = training.global_step, training.train_op
-    if global_step is None:    # the model advances no step of its own: the toolkit keeps one
-        with tf.device("/job:ps/task:0" if ps_entries else topo.worker_device):
-            global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step",
-                                      use_resource=True)
-        with tf.control_dependencies([target]), tf.compat.v1.colocate_with(global_step):
-            target = global_step.assign_add(1).op
+    target, global_step = advancing_global_step(training, "/job:ps/task:0" if ps_entries else topo.worker_device)
     ps_parts = {p.variable.op.name: p.variable for e in ps_entries for p in rebuilt.parts[e.name]}
     on_ps, sparse_on_ps = set(ps_parts), {p.variable.op.name for e in ps_entries if e.gradient == "sparse"
                                           for p in rebuilt.parts[e.name]}
@@ -127,16 +119,8 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
 
 def _writes_ps_variable(op) -> bool:
     """An op that changes a variable on a parameter server: only rank 0 runs it."""
-    if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
-        return False
-    for tensor in op.inputs:
-        if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:
-            source = tensor.op
-            while source.type == "Identity" and source.inputs:
-                source = source.inputs[0].op
-            if source.type in ("VarHandleOp", "VariableV2") and "/job:ps" in source.device:
-                return True
-    return False
+    return any(source.type in ("VarHandleOp", "VariableV2") and "/job:ps" in source.device
+               for source in written_variables(op))
 
 
 def _read_step_before_pushing(global_step, needed: set, gradient_ops: set, pushes) -> None:
