@@ -21,6 +21,7 @@ OPTIMIZERS = {
 
 flags.DEFINE_integer("mlp_features", 4, "Dense input features.")
 flags.DEFINE_integer("mlp_hidden", 8, "Hidden units (0: a linear model).")
+flags.DEFINE_integer("mlp_depth", 1, "Hidden layers of --mlp_hidden units (deep enough to split into pipeline stages).")
 flags.DEFINE_integer("mlp_vocab", 16, "Rows of the optional embedding (0: no embedding, no sparse variable).")
 flags.DEFINE_integer("mlp_embed_dim", 4, "Embedding width.")
 flags.DEFINE_integer("mlp_batch", 8, "Examples per rank per step.")
@@ -28,14 +29,16 @@ flags.DEFINE_enum("mlp_optimizer", "sgd", list(OPTIMIZERS), "v1 optimizer.")
 flags.DEFINE_float("mlp_learning_rate", 0.1, "Learning rate.")
 FLAGS = flags.FLAGS
 
-DEFAULTS = dict(features=4, hidden=8, vocab=16, embed_dim=4, batch=8, optimizer="sgd", learning_rate=0.1)
+DEFAULTS = dict(features=4, hidden=8, vocab=16, embed_dim=4, batch=8, optimizer="sgd", learning_rate=0.1, depth=1)
 
 
 def make_model_fn(features: int = DEFAULTS["features"], hidden: int = DEFAULTS["hidden"],
                   vocab: int = DEFAULTS["vocab"], embed_dim: int = DEFAULTS["embed_dim"],
-                  optimizer: str = DEFAULTS["optimizer"], learning_rate: float = DEFAULTS["learning_rate"]):
+                  optimizer: str = DEFAULTS["optimizer"], learning_rate: float = DEFAULTS["learning_rate"],
+                  depth: int = DEFAULTS["depth"]):
     """model_fn() with placeholders "features" float32 [batch, features], "labels" float32 [batch]
-    and, when vocab > 0, "ids" int64 [batch]. Variables: embedding, hidden/{kernel,bias}, out/{kernel,bias}."""
+    and, when vocab > 0, "ids" int64 [batch]. Variables: embedding, hidden/{kernel,bias} (and
+    hidden2, ... with depth > 1), out/{kernel,bias}."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
 
@@ -47,12 +50,12 @@ def make_model_fn(features: int = DEFAULTS["features"], hidden: int = DEFAULTS["
             embedding = tf.compat.v1.get_variable(
                 "embedding", [vocab, embed_dim], initializer=tf.compat.v1.random_normal_initializer(0, 0.1, seed=1))
             x = tf.concat([x, tf.nn.embedding_lookup(embedding, ids)], axis=1)
-        layers = [("hidden", hidden, tf.tanh)] if hidden else []
+        layers = [("hidden" + (str(i + 1) if i else ""), hidden, tf.tanh) for i in range(depth)] if hidden else []
         for name, units, activation in layers + [("out", 1, None)]:
             with tf.compat.v1.variable_scope(name):
                 kernel = tf.compat.v1.get_variable(
                     "kernel", [int(x.shape[-1]), units],
-                    initializer=tf.compat.v1.glorot_uniform_initializer(seed=2 if activation else 3))
+                    initializer=tf.compat.v1.glorot_uniform_initializer(seed=2 + 10 * (int(name[6:] or 1) - 1) if activation else 3))
                 bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
                 x = tf.nn.bias_add(tf.matmul(x, kernel), bias)
                 x = activation(x) if activation else x
@@ -91,7 +94,7 @@ def from_flags():
     """(model_fn, input_fn) with the sizes the --mlp_* flags give (their defaults: DEFAULTS)."""
     model = make_model_fn(features=FLAGS.mlp_features, hidden=FLAGS.mlp_hidden, vocab=FLAGS.mlp_vocab,
                           embed_dim=FLAGS.mlp_embed_dim, optimizer=FLAGS.mlp_optimizer,
-                          learning_rate=FLAGS.mlp_learning_rate)
+                          learning_rate=FLAGS.mlp_learning_rate, depth=FLAGS.mlp_depth)
     inputs = make_input_fn(features=FLAGS.mlp_features, vocab=FLAGS.mlp_vocab, batch=FLAGS.mlp_batch,
                            seed=FLAGS.seed)
     return model, inputs

@@ -17,7 +17,7 @@ from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, launcher, quiet, session
 from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries, format_histogram
@@ -49,8 +49,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                           "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief,
-                       time_compute=opts.strategy == "auto")
+    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, **measurements(opts.strategy))
     plan = _agree_on_plan(captured, opts, topo, cluster)
     if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
@@ -75,8 +74,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
-    uses_servers = any("/job:ps" in op.device for op in graph.get_operations())
-    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, uses_servers)
+    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, session.remote_tasks(graph, topo.rank))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
@@ -204,7 +202,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
 def _plan_only(model_fn, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, time_compute=opts.strategy == "auto")
+    captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
                      int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks),
                      opts.route_options())

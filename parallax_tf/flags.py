@@ -54,6 +54,11 @@ flags.DEFINE_enum("ps_plus_sparse_pull", "rows", ["rows", "eager"], "ps_plus: a 
 flags.DEFINE_integer("fc_nodes", 1, "stanza: how many of the last ranks train the FC head (FC nodes).")
 flags.DEFINE_integer("stanza_microbatches", 1, "stanza: each conv node's batch crosses to its FC node in this many "
                      "pieces, so FC round trips overlap conv work.")
+flags.DEFINE_integer("stages", None, "dsp: pipeline stages K (default: every rank, one pipeline).")
+flags.DEFINE_integer("dsp_replicas", 1, "dsp: pipelines side by side R (ranks = K x R), data parallel across them.")
+flags.DEFINE_list("dsp_cuts", [], "dsp: the K-1 tensors where stages 1..K-1 begin (default: the planner balances "
+                  "the measured compute).")
+flags.DEFINE_float("dsp_grad_scale", 1.0, "dsp: factor on the gradient of every stage but the last (stale ones).")
 flags.DEFINE_integer("max_staleness", 16, "ps_plus: a rank whose copy is more than this many versions behind the "
                      "global one waits for a fresh pull before its next step (bounded staleness).")
 
@@ -93,11 +98,17 @@ class Options:
     ps_plus_sparse_pull: str
     fc_nodes: int
     stanza_microbatches: int
+    stages: Optional[int]
+    dsp_replicas: int
+    dsp_cuts: list
+    dsp_grad_scale: float
 
     def route_options(self) -> dict:
         """Options the plan stores in the params of the variables on a route."""
-        from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_SIGNIFICANT
+        from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_SIGNIFICANT, ROUTE_STAGE
         return {ROUTE_SIGNIFICANT: self.slim(), ROUTE_ASYNC_PS: self.ps_plus(),
+                ROUTE_STAGE: {"stages": self.stages, "replicas": self.dsp_replicas, "cuts": list(self.dsp_cuts),
+                              "grad_scale": self.dsp_grad_scale},
                 ROUTE_FC_NODE: {"fc_nodes": self.fc_nodes, "microbatches": self.stanza_microbatches}}
 
     def ps_plus(self) -> dict:
@@ -143,6 +154,10 @@ def resolve(**overrides) -> Options:
     if options.slim_period < 1 or options.slim_refresh < 1 or options.slim_lambda < 0:
         raise ConfigError("--slim_period and --slim_refresh must be >= 1 and --slim_lambda >= 0")
     parse_staleness_lr(options.staleness_lr)
+    if options.stages is not None and options.stages < 1:
+        raise ConfigError(f"--stages must be >= 1, got {options.stages}")
+    if options.dsp_grad_scale <= 0:
+        raise ConfigError(f"--dsp_grad_scale must be > 0, got {options.dsp_grad_scale}")
     if options.max_staleness < 0:
         raise ConfigError(f"--max_staleness must be >= 0 (0: every step waits for the newest values), "
                           f"got {options.max_staleness}")

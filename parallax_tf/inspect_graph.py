@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import training_graph
+from parallax_tf import pipeline_cut, training_graph
 from parallax_tf.errors import InputError, ModelError
 from parallax_tf.model import RunContext
 from parallax_tf.training_graph import call_model_fn  # noqa: F401  (re-exported for callers)
@@ -75,6 +75,7 @@ class Capture:
     head_problem: Optional[str] = None      # why there is no clean cut, when there is none
     head_compute_s: Optional[float] = None  # the head's forward+backward alone, when timed
     batch_size: Optional[int] = None        # examples in the captured batch, when timed
+    pipeline: Optional[object] = None       # pipeline_cut.PipelineCuts: where stages may begin (DSP)
 
 
 def logical_name(variable) -> str:
@@ -94,8 +95,10 @@ def record_get_variable(names: set):
 
 
 def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
-            evaluate: bool = True, time_compute: bool = False) -> Capture:
-    """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch."""
+            evaluate: bool = True, time_compute: bool = False, pipeline: bool = False) -> Capture:
+    """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
+    `time_compute`: times a step (and the FC head alone); `pipeline`: finds the cut points of a
+    pipeline with per-op times (a traced step)."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
@@ -119,7 +122,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                   for name, pairs in groups.items()}
         state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
         rows: Dict[str, tuple] = {}
-        compute_s = None
+        compute_s, op_seconds = None, {}
         if evaluate:
             with tf.compat.v1.Session(graph=graph) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(),
@@ -130,6 +133,12 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                 if time_compute:
                     compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
                                            feeds)
+                if pipeline:
+                    op_seconds = pipeline_cut.op_times(sess, [g.values if isinstance(g, tf.IndexedSlices) else g
+                                                              for pairs in groups.values() for _, g in pairs
+                                                              if g is not None], feeds)
+        cuts = pipeline_cut.find(training.loss, {n: [v for v, _ in pairs] for n, pairs in groups.items()},
+                                 op_seconds) if pipeline and evaluate else None
         state_info = [StateInfo(name=name, shape=list(var.shape), dtype=var.dtype.base_dtype.name,
                                 bytes=int(np.asarray(state_values[name]).nbytes),
                                 per_rank=_reads_the_batch(var, training.train_op),
@@ -158,7 +167,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         head_s, batch = _time_head(graph, training, head, groups, feeds) if time_compute and head else (None, None)
     return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, head, problem,
-                   head_s, batch)
+                   head_s, batch, cuts)
 
 
 def _find_head(training, groups, kinds, state_vars):

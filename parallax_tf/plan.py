@@ -17,8 +17,8 @@ changing the ones here:
                read row by row from the server in the step (params["pull"] "rows")
   "fc_node"    Stanza: a variable of the FC head, trained on the FC nodes from the conv nodes'
                activations (params["ranks"]: the FC nodes); the plan's `split` says who serves whom
-Reserved for the techniques to come (a rewriter must reject a kind it does not implement):
-  "stage"      pipeline stage with layer-wise staleness (DSP)
+  "stage"      DSP: a variable of pipeline stage params["stage"], trained by that stage's ranks
+               (params["ranks"]: one per pipeline); the plan's `pipeline` says where stages begin
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ ROUTE_LOCAL = "local"
 ROUTE_SIGNIFICANT = "significant"
 ROUTE_ASYNC_PS = "async_ps"
 ROUTE_FC_NODE = "fc_node"
-KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, ROUTE_FC_NODE, "stage")
+ROUTE_STAGE = "stage"
+KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_STAGE)
 
 
 @dataclasses.dataclass
@@ -98,6 +99,38 @@ class LayerSplit:
 
 
 @dataclasses.dataclass
+class Stage:
+    """DSP: one stage of the pipeline. Pipeline p runs stage k on rank p * stages + k."""
+    index: int
+    ranks: List[int]               # one per pipeline (replica)
+    variables: List[str]
+    compute_share: float           # of the measured step, recompute included
+    input: Optional[str] = None    # the cut tensor it receives (None: stage 0 reads the data)
+    input_shape: List[int] = dataclasses.field(default_factory=list)    # per example
+    input_bytes_per_example: int = 0
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """DSP: consecutive stages, `replicas` pipelines side by side (data parallel across them)."""
+    stages: List[Stage]
+    replicas: int = 1
+    grad_scale: float = 1.0        # a stale stage's gradient is scaled by it (FDG's beta)
+
+    @property
+    def staleness(self) -> List[int]:
+        """Batches between a stage's forward of a batch and its update with it: 2(K-1-k)."""
+        count = len(self.stages)
+        return [2 * (count - 1 - k) for k in range(count)]
+
+    def stage_of(self, rank: int) -> int:
+        return rank % len(self.stages)
+
+    def pipeline_of(self, rank: int) -> int:
+        return rank // len(self.stages)
+
+
+@dataclasses.dataclass
 class Plan:
     strategy: str
     num_ranks: int
@@ -107,6 +140,7 @@ class Plan:
     variables: List[VariablePlan]
     global_step: Optional[str] = None   # the model's own global step variable, if its train op advances one
     split: Optional[LayerSplit] = None  # Stanza's conv and FC nodes and the cut between them
+    pipeline: Optional[Pipeline] = None  # DSP's stages
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
@@ -133,7 +167,10 @@ class Plan:
         split = raw.pop("split", None)
         if split is not None:
             split = LayerSplit(cut=[CutTensor(**t) for t in split.pop("cut")], **split)
-        return cls(variables=variables, split=split, **raw)
+        pipeline = raw.pop("pipeline", None)
+        if pipeline is not None:
+            pipeline = Pipeline(stages=[Stage(**s) for s in pipeline.pop("stages")], **pipeline)
+        return cls(variables=variables, split=split, pipeline=pipeline, **raw)
 
     # ---- display ---------------------------------------------------------------------------
     def table(self) -> str:
@@ -156,7 +193,20 @@ class Plan:
                      f"est. bytes/step/rank={human_bytes(total)}")
         if self.split is not None:
             lines.extend(self.split_lines())
+        if self.pipeline is not None:
+            lines.extend(self.pipeline_lines())
         return "\n".join(lines)
+
+    def pipeline_lines(self) -> List[str]:
+        pipe = self.pipeline
+        lines = [f"{len(pipe.stages)} stage(s) x {pipe.replicas} pipeline(s); staleness per stage "
+                 f"{pipe.staleness}; stale gradients scaled by {pipe.grad_scale:g}"]
+        for stage, stale in zip(pipe.stages, pipe.staleness):
+            source = "reads the data" if stage.input is None else \
+                f"receives {stage.input} [{'x'.join(map(str, stage.input_shape))}] {human_bytes(stage.input_bytes_per_example)}/example"
+            lines.append(f"stage {stage.index} on rank(s) {stage.ranks}: {stage.compute_share:.0%} of the compute, "
+                         f"{source}; variables {', '.join(stage.variables)}")
+        return lines
 
     def split_lines(self) -> List[str]:
         split = self.split

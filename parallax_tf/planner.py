@@ -7,9 +7,9 @@ from typing import List, Optional
 from parallax_tf.errors import ConfigError, ModelError
 from parallax_tf.inspect_graph import Capture, VariableInfo
 from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT,
-                              LayerSplit, Plan, Shard, VariablePlan)
+                              ROUTE_STAGE, LayerSplit, Pipeline, Plan, Shard, Stage, VariablePlan)
 
-STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza")
+STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
 # A significant-route variable with at least this many elements has its global copy split over
 # every server: each host's link then carries 1/H of the round's traffic, not all of it on one.
@@ -40,16 +40,23 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
             entry.reason = f"auto chose stanza ({why}): {entry.reason}"
         return plan
     split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
+    pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
+    stage_of = {name: stage.index for stage in pipeline.stages for name in stage.variables} if pipeline else {}
     for info in capture.variables:
         route, reason = auto[info.name] if auto else _route(strategy, info, split, capture.head)
+        if pipeline is not None:
+            route, reason = _stage_route(info, stage_of, pipeline)
         count = None
         if auto:
             route, count = route.route, route.partitions
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned)
-        if route != ROUTE_FC_NODE:
+        if route not in (ROUTE_FC_NODE, ROUTE_STAGE):
             entry.params.update(route_options.get(route, {}))
+        if route == ROUTE_STAGE:
+            stage = pipeline.stages[stage_of.get(info.name, 0)]
+            entry.params.update(stage=stage.index, ranks=stage.ranks)
         if split is not None:        # who shares the variable: the FC nodes, or the conv nodes
             entry.params["ranks"] = split.fc_ranks if route == ROUTE_FC_NODE else split.conv_ranks
         if route in (ROUTE_PS, ROUTE_ASYNC_PS):
@@ -77,7 +84,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                                     gradient="none", layer=state.layer, route=ROUTE_LOCAL,
                                     reason=f"model state, not trained: {how}", bytes_per_step=0, params=params))
     return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
-                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step, split=split)
+                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step, split=split,
+                pipeline=pipeline)
 
 
 def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1) -> LayerSplit:
@@ -107,6 +115,67 @@ def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatche
     return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)),
                       groups=[conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)],
                       cut=list(capture.head.cut), microbatches=microbatches)
+
+
+MEASUREMENTS = {"auto": {"time_compute": True}, "dsp": {"pipeline": True}}
+
+
+def measurements(strategy: str) -> dict:
+    """What capture must measure for the planner to plan `strategy` (keyword arguments)."""
+    return MEASUREMENTS.get(strategy, {})
+
+
+def pipeline_split(capture: Capture, num_ranks: int, stages: Optional[int] = None, replicas: int = 1,
+                   cuts: Optional[List[str]] = None, grad_scale: float = 1.0) -> Pipeline:
+    """DSP: K = `stages` consecutive stages (default: every rank, one pipeline) times `replicas`
+    pipelines; the cuts balance the measured compute (pipeline_cut.balanced) unless named."""
+    from parallax_tf import pipeline_cut
+    if replicas < 1:
+        raise ConfigError(f"--dsp_replicas must be >= 1, got {replicas}")
+    count = stages if stages else (len(cuts) + 1 if cuts else num_ranks // replicas)
+    if count < 1 or count * replicas != num_ranks:
+        raise ConfigError(f"--stages={count} x --dsp_replicas={replicas} = {count * replicas} rank(s), but the job has "
+                          f"{num_ranks}: start stages x replicas ranks, or change --stages / --dsp_replicas")
+    if cuts and len(cuts) != count - 1:
+        raise ConfigError(f"--dsp_cuts names {len(cuts)} tensor(s) but --stages={count} needs {count - 1} "
+                          "(one where each stage after the first begins)")
+    batch_state = [s.name for s in capture.state if s.per_rank]
+    if batch_state:
+        raise ConfigError(f"--strategy dsp with model state computed from the batch ({batch_state[0]!r}, e.g. batch "
+                          "norm): the recomputed forward would update it a second time from a stale batch; use "
+                          "--strategy hybrid, or a model without batch statistics")
+    found = capture.pipeline
+    if found is None:
+        raise ConfigError("--strategy dsp needs the pipeline cut points measured by capture(pipeline=True)")
+    try:
+        chosen = pipeline_cut.check_named(found, cuts) if cuts else pipeline_cut.balanced(found, count)
+    except ValueError as err:
+        names = ", ".join(p.name for p in found.points[:8]) or "none"
+        raise ConfigError(f"--stages={count}: {err}. Cut points found: {names}"
+                          f"{', ...' if len(found.points) > 8 else ''}; use fewer stages or name the cuts "
+                          "with --dsp_cuts") from None
+    costs = pipeline_cut.stage_costs(found, chosen)
+    total = sum(costs) or 1.0
+    bounds = [None] + chosen + [None]
+    out = []
+    for k in range(count):
+        below, above = set(bounds[k].variables) if bounds[k] else set(), bounds[k + 1]
+        mine = sorted((set(above.variables) if above else set(found.variables)) - below)
+        entering = bounds[k]
+        out.append(Stage(index=k, ranks=[p * count + k for p in range(replicas)], variables=mine,
+                         compute_share=costs[k] / total, input=entering.name if entering else None,
+                         input_shape=entering.shape if entering else [],
+                         input_bytes_per_example=entering.bytes_per_example if entering else 0))
+    return Pipeline(stages=out, replicas=replicas, grad_scale=grad_scale)
+
+
+def _stage_route(info: VariableInfo, stage_of: dict, pipeline: Pipeline):
+    stage = pipeline.stages[stage_of.get(info.name, 0)]
+    if info.name not in stage_of:
+        return ROUTE_STAGE, "no gradient reaches it from the loss: kept by stage 0, never updated"
+    how = f"gradients averaged over its {pipeline.replicas} replicas" if pipeline.replicas > 1 else "one copy"
+    return ROUTE_STAGE, (f"pipeline stage {stage.index} (staleness {pipeline.staleness[stage.index]}): trained by "
+                         f"rank(s) {stage.ranks}, {how}")
 
 
 def _auto_choices(capture: Capture, cluster):

@@ -29,6 +29,9 @@ def load():
         tf.no_gradient("ParallaxExploreIndices")
         tf.no_gradient("ParallaxStaleApply")
         tf.no_gradient("ParallaxVersionedRead")
+        for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
+                     "ParallaxStashBatches"):
+            tf.no_gradient(name)
     return _LIBRARY
 
 
@@ -82,6 +85,42 @@ def versioned_read(version, variables):
     for value, var in zip(values, variables):
         value.set_shape(var.shape)
     return version_value, values
+
+
+def input_stash(dtypes, capacity: int, stage: int, shared_name: str):
+    """The input stash of DSP pipeline stage `stage` (a resource handle): a FIFO of (batch, the
+    stage's input tensors of types `dtypes`) holding at most `capacity` batches in flight. Graphs
+    that name the same `shared_name` on one device share it."""
+    return load().parallax_input_stash(dtypes=[tf.as_dtype(d).base_dtype for d in dtypes], capacity=capacity,
+                                       stage=stage, shared_name=shared_name)
+
+
+def stash_put(handle, batch, values):
+    """An op storing `values` (the stage input of `batch`); fails if the stash is full or `batch`
+    is not above every batch stored before."""
+    values = [tf.convert_to_tensor(v) for v in values]
+    return load().parallax_stash_put(handle=handle, batch=tf.cast(batch, tf.int64), values=values)
+
+
+def stash_take(handle, batch, like):
+    """The values stored for `batch`, removed from the stash; fails (and removes nothing) unless
+    the oldest stored entry is of `batch`. `like`: the tensors that were put, for dtypes and shapes."""
+    like = [tf.convert_to_tensor(t) for t in like]
+    values = load().parallax_stash_take(handle=handle, batch=tf.cast(batch, tf.int64),
+                                        dtypes=[t.dtype.base_dtype for t in like])
+    for value, t in zip(values, like):
+        value.set_shape(t.shape)
+    return values
+
+
+def stash_size(handle):
+    """How many batches the stash holds (int64 scalar)."""
+    return load().parallax_stash_size(handle=handle)
+
+
+def stash_batches(handle):
+    """The batches the stash holds, oldest first (int64 vector): empty once the pipeline drained."""
+    return load().parallax_stash_batches(handle=handle)
 
 
 def _handle(variable):

@@ -57,6 +57,11 @@ class Hook:
     def end(self, step: int) -> None:
         """Training stopped after `step` steps (also on errors)."""
 
+    def saves_at(self, step: int) -> bool:
+        """Whether it reads the training state after `step` by the step count (a pipeline drains
+        there first)."""
+        return False
+
     def final(self, step: int, histograms: Dict[str, Dict[int, Dict[int, int]]]) -> None:
         """Every rank's updates are in: the strategy's end-of-run per-rank histograms."""
 
@@ -110,6 +115,9 @@ class Checkpointer(Hook):
         previous = self.last_step if self.last_step is not None else step - 1
         if (self.every and step // self.every > previous // self.every) or stats.checkpoint_requested:
             self.save(step)
+
+    def saves_at(self, step):
+        return bool(self.every) and step % self.every == 0
 
     def save(self, step: int) -> None:
         if step == self.last_step:

@@ -14,9 +14,25 @@ from parallax_tf.model import RunContext
 from parallax_tf.runtime.hooks import StepStats
 
 
-def open_session(target: str, graph, rank: int, timeout_s: int, has_ps: bool):
-    # Only this rank's worker and the PS tasks: a session must not wait for other workers.
-    filters = [f"/job:worker/task:{rank}"] + (["/job:ps"] if has_ps else [])
+def remote_tasks(graph, rank: int) -> List[str]:
+    """The tasks besides this rank's worker that the graph places ops on: "/job:ps" when it uses
+    parameter servers, and other workers by name (a pipeline stage's queue on its neighbour)."""
+    found = set()
+    for op in graph.get_operations():
+        spec = tf.DeviceSpec.from_string(op.device) if op.device else None
+        if spec is None or spec.job is None:
+            continue
+        if spec.job == "ps":
+            found.add("/job:ps")
+        elif spec.job == "worker" and spec.task is not None and spec.task != rank:
+            found.add(f"/job:worker/task:{spec.task}")
+    return sorted(found)
+
+
+def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str]):
+    # Only this rank's worker and the tasks its graph uses (`remote`): a session must not wait
+    # for other workers.
+    filters = [f"/job:worker/task:{rank}"] + list(remote)
     # Soft placement settles what TF's own gradient code colocates with a PS variable while we
     # asked for the worker (zeros for a variable read inside a while loop), as TF1's
     # MonitoredTrainingSession does; every op is still placed explicitly by the rewriter.

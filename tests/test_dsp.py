@@ -1,0 +1,276 @@
+"""DSP (--strategy dsp) on real ranks: K stages, one per rank, end with the same parameters as a
+single-process reference of the tick rule (below, plain TF); K = 1 is ordinary training; the
+planner balances measured compute; bad configurations get one message; a lost stage is named;
+a checkpoint is taken with the pipeline drained and a resumed run continues exactly."""
+import functools
+import os
+import re
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from parallax_tf import pipeline_cut
+from parallax_tf.errors import ConfigError
+from parallax_tf.inspect_graph import capture
+from parallax_tf.model import RunContext
+from parallax_tf.plan import Plan
+from parallax_tf.planner import make_plan
+from tests import dsp_models, launch, reference as ref_lib
+
+NAMES = ["mlp_sgd", "mlp_momentum", "cnn_momentum", "keras_mlp"]
+
+
+@functools.lru_cache(maxsize=None)
+def run_job(ranks: int, names: tuple, *flags: str, steps: int = dsp_models.BATCHES) -> str:
+    out = tempfile.mkdtemp(prefix=f"ptf-dsp-{ranks}-")
+    proc = launch.run_ranks(ranks, ["tests/jobs/dsp_job.py", out, *names, *flags], env={"DSP_JOB_STEPS": str(steps)})
+    assert proc.returncode == 0, f"dsp job failed:\n{launch.tail(proc)}"
+    return out
+
+
+def results(out: str, name: str, ranks: int):
+    return [np.load(os.path.join(out, f"{name}.rank{r}.npz")) for r in range(ranks)]
+
+
+# ---- the single-process reference of the rule -------------------------------------------
+def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: int = 0):
+    """Variables after `steps` batches under DSP's tick rule, in one process: at tick t stage k
+    forwards batch t - k with its current variables and then updates with batch
+    t - 2(K-1) + k, recomputing its forward on that batch's stored input; the pipeline drains
+    every `segment` batches (0: only at the end). Returns (variables, losses in batch order)."""
+    model_fn, input_fn, kind_rate = dsp_models.MODELS[name]
+    pipe = plan.pipeline
+    count, scale = len(pipe.stages), pipe.grad_scale
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(0)
+        loss = model_fn().loss
+        by_name = {v.op.name: v for v in tf.compat.v1.trainable_variables()}
+        cuts = [graph.get_tensor_by_name(s.input) if s.input else None for s in pipe.stages]
+        outputs = cuts[1:] + [loss]
+        stages = []
+        for k, stage in enumerate(pipe.stages):
+            xs = [by_name[v] for v in stage.variables]
+            dy = tf.compat.v1.placeholder(outputs[k].dtype, outputs[k].shape) if k < count - 1 else None
+            grads = tf.gradients(outputs[k], xs + ([cuts[k]] if k else []), grad_ys=dy)
+            fed = [(tf.compat.v1.placeholder(tf.float32, None), tf.compat.v1.placeholder(tf.int64, None))
+                   if isinstance(g, tf.IndexedSlices) else tf.compat.v1.placeholder(g.dtype, g.shape)
+                   for g in grads[:len(xs)]]
+            pairs = [(tf.IndexedSlices(f[0], f[1], tf.constant(x.shape.as_list(), tf.int64)) if isinstance(f, tuple)
+                      else f, x) for f, x in zip(fed, xs)]
+            apply = dsp_models.optimizer(kind_rate).apply_gradients(pairs)
+            stages.append((xs, dy, grads, fed, apply))
+        init = tf.compat.v1.global_variables_initializer()
+    feeds_of = lambda b: {graph.get_tensor_by_name(k + ":0"): v for k, v in input_fn(RunContext(step=b)).items()}
+    losses = {}
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init)
+
+        def update(k, feeds):
+            xs, dy, grads, fed, apply = stages[k]
+            got = sess.run(grads + ([loss] if k == count - 1 else []), feeds)
+            factor = scale if k < count - 1 else 1.0
+            apply_feeds = {}
+            for f, g in zip(fed, got[:len(xs)]):
+                if isinstance(f, tuple):
+                    apply_feeds.update({f[0]: g.values * factor, f[1]: g.indices})
+                else:
+                    apply_feeds[f] = g * factor
+            sess.run(apply, apply_feeds)
+            return got[len(xs)] if k else None, got[-1]
+
+        bounds = list(range(0, steps, segment or steps)) + [steps]
+        for first, end in zip(bounds, bounds[1:]):
+            arrived, gradient, stored = {}, {}, {}
+            for t in range(end - first + 2 * (count - 1)):
+                for k in range(count):
+                    batch = first + t - k
+                    if first <= batch < end:
+                        feeds = feeds_of(batch)
+                        if k:
+                            feeds[cuts[k]] = arrived.pop((k, batch))
+                        if k < count - 1:
+                            arrived[(k + 1, batch)] = sess.run(outputs[k], feeds)
+                            stored[(k, batch)] = feeds
+                        else:
+                            dx, losses[batch] = update(k, feeds)
+                            if k:
+                                gradient[(k - 1, batch)] = (dx, losses[batch])
+                    late = first + t - k - 2 * (count - 1 - k)
+                    if k < count - 1 and first <= late < end:
+                        feeds = stored.pop((k, late))
+                        dy, batch_loss = gradient.pop((k, late))
+                        feeds[stages[k][1]] = dy
+                        dx, _ = update(k, feeds)
+                        if k:
+                            gradient[(k - 1, late)] = (dx, batch_loss)
+            assert not arrived and not gradient and not stored
+        values = sess.run({n: v for n, v in by_name.items()})
+    return values, [losses[b] for b in range(steps)]
+
+
+def check_against_reference(out: str, name: str, ranks: int, steps: int = dsp_models.BATCHES, segment: int = 0):
+    got = results(out, name, ranks)
+    plan = Plan.from_json(str(got[0]["plan"]))
+    assert len(plan.pipeline.stages) == ranks
+    want, want_losses = reference(name, plan, steps, segment)
+    for var, value in want.items():
+        error = ref_lib.relative_error(got[0][f"var:{var}"], value)
+        assert error <= 1e-5, (name, var, error)
+        for other in got[1:]:               # every stage hands back the same whole values
+            np.testing.assert_array_equal(other[f"var:{var}"], got[0][f"var:{var}"])
+    for r in got:                           # each stage saw every batch's loss, in order
+        np.testing.assert_allclose(r["losses"], want_losses, rtol=1e-5)
+        assert int(r["global_step"]) == steps
+    return got, want
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("name", NAMES)
+def test_stages_end_where_the_reference_does(stages, name):
+    out = run_job(stages, tuple(NAMES))
+    got, want = check_against_reference(out, name, stages)
+    # staleness matters: the result differs from plain synchronous training on the same batches
+    plain, _ = reference(name, dataclass_single_stage(Plan.from_json(str(got[0]["plan"]))))
+    assert max(ref_lib.relative_error(want[v], plain[v]) for v in want) > 1e-4
+
+
+def dataclass_single_stage(plan: Plan) -> Plan:
+    """The plan with one stage holding every variable: ordinary training."""
+    from parallax_tf.plan import Pipeline, Stage
+    everything = sorted(v for s in plan.pipeline.stages for v in s.variables)
+    plan.pipeline = Pipeline([Stage(0, [0], everything, 1.0)], 1, plan.pipeline.grad_scale)
+    return plan
+
+
+def test_one_stage_is_ordinary_training():
+    out = run_job(1, ("mlp_momentum",))
+    got = results(out, "mlp_momentum", 1)[0]
+    model_fn, input_fn, _ = dsp_models.MODELS["mlp_momentum"]
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(0)
+        model = model_fn()
+        step = model.optimizer.minimize(model.loss)
+        graph = tf.compat.v1.get_default_graph()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for b in range(dsp_models.BATCHES):
+                sess.run(step, {graph.get_tensor_by_name(k + ":0"): v for k, v in input_fn(RunContext(step=b)).items()})
+            want = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
+    for var, value in want.items():
+        assert ref_lib.relative_error(got[f"var:{var}"], value) <= 1e-5, var
+
+
+def test_gradient_scale_on_stale_stages():
+    out = run_job(3, ("mlp_momentum",), "--dsp_grad_scale=0.5")
+    check_against_reference(out, "mlp_momentum", 3)
+
+
+def test_a_checkpoint_drains_the_pipeline_and_resume_continues_exactly():
+    ckpt = tempfile.mkdtemp(prefix="ptf-dsp-ckpt-")
+    first = run_job(3, ("mlp_sgd",), f"--ckpt_dir={ckpt}", "--ckpt_every=4", steps=8)
+    resumed = run_job(3, ("mlp_sgd",), f"--ckpt_dir={ckpt}", "--ckpt_every=4", steps=12)
+    whole = run_job(3, ("mlp_sgd",), "--ckpt_every=4", f"--ckpt_dir={tempfile.mkdtemp()}", steps=12)
+    assert int(results(resumed, "mlp_sgd", 3)[0]["start_step"]) == 8
+    assert int(results(first, "mlp_sgd", 3)[0]["global_step"]) == 8
+    got, _ = check_against_reference(whole, "mlp_sgd", 3, steps=12, segment=4)
+    for r in results(resumed, "mlp_sgd", 3):
+        for key in got[0].files:
+            if key.startswith("var:"):
+                np.testing.assert_allclose(r[key], got[0][key], rtol=1e-6, atol=1e-7)
+
+
+def test_a_killed_stage_is_named():
+    out = tempfile.mkdtemp(prefix="ptf-dsp-kill-")
+    proc = launch.run_ranks(3, ["tests/jobs/dsp_job.py", out, "mlp_sgd", "--die=1:5", "--timeout_s=30"],
+                            env={"DSP_JOB_STEPS": "400"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(r"parallax_tf rank [02]: .*lost: rank 1 \(", output), launch.tail(proc)
+
+
+# ---- the planner ----------------------------------------------------------------------------
+def _capture(model_fn, input_fn):
+    return capture(model_fn, input_fn, RunContext(), 0, pipeline=True)
+
+
+def _uneven():
+    """An MLP whose second hidden layer holds almost all the compute (1024 x 1024)."""
+    from models import mlp
+    import parallax_tf as ptf
+
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="features")
+        y = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
+        for i, units in enumerate([32, 1024, 32, 8]):
+            x = tf.compat.v1.layers.dense(x, units, activation=tf.tanh, name=f"layer{i}")
+        out = tf.compat.v1.layers.dense(x, 1, name="out")
+        loss = tf.reduce_mean(tf.square(tf.squeeze(out, 1) - y))
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    return model_fn, mlp.make_input_fn(features=8, vocab=0, batch=256)
+
+
+def test_planner_balances_measured_compute():
+    captured = _capture(*_uneven())
+    plan = make_plan(captured, "dsp", 3, 1, route_options={"stage": {"stages": 3}})
+    stages = [set(s.variables) for s in plan.pipeline.stages]
+    # the two big matmuls (32x1024 and 1024x32) each get a stage of their own side
+    assert "layer1/kernel" in stages[0] | stages[1] and "layer2/kernel" in stages[1] | stages[2]
+    assert "layer1/kernel" not in stages[2] and "layer2/kernel" not in stages[0]
+    assert max(s.compute_share for s in plan.pipeline.stages) < 0.6
+    assert "stage 1 on rank(s) [1]" in plan.table()
+
+
+def test_balanced_prefers_fewer_bytes_among_balanced_cuts():
+    points = [pipeline_cut.CutPoint(n, [b // 4], "float32", b, ops, vs, f, 2 * f) for n, b, ops, vs, f in [
+        ("wide:0", 4000, ["a"], ["v1"], 1.0), ("narrow:0", 40, ["a", "b"], ["v1"], 1.02),
+        ("late:0", 40, ["a", "b", "c"], ["v1", "v2"], 3.0)]]
+    cuts = pipeline_cut.PipelineCuts(points, ["v1", "v2"], 2.0, 4.0, {})
+    assert [p.name for p in pipeline_cut.balanced(cuts, 2)] == ["narrow:0"]
+    with pytest.raises(ValueError, match="at most 2 stage"):
+        pipeline_cut.balanced(cuts, 3)
+
+
+def test_more_stages_than_layers_is_refused():
+    from models import mlp
+    captured = _capture(mlp.make_model_fn(depth=1, vocab=0), mlp.make_input_fn(vocab=0))
+    with pytest.raises(ConfigError, match=r"--stages=4: the model can be cut into at most 2 stage\(s\)"):
+        make_plan(captured, "dsp", 4, 1, route_options={"stage": {"stages": 4}})
+
+
+def test_stages_times_replicas_must_be_the_ranks():
+    from models import mlp
+    captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
+    with pytest.raises(ConfigError, match=r"--stages=3 x --dsp_replicas=2 = 6 rank\(s\), but the job has 4"):
+        make_plan(captured, "dsp", 4, 1, route_options={"stage": {"stages": 3, "replicas": 2}})
+
+
+def test_named_cuts_must_separate_the_graph():
+    from models import mlp
+    captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
+    with pytest.raises(ConfigError, match=r"'labels:0' cannot begin a stage: it is not an activation"):
+        make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["labels"]}})
+    with pytest.raises(ConfigError, match=r"does not come after 'hidden2/Tanh:0'"):
+        make_plan(captured, "dsp", 3, 1, route_options={"stage": {"cuts": ["hidden2/Tanh", "hidden/Tanh"]}})
+    plan = make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["hidden2/Tanh:0"]}})
+    assert plan.pipeline.stages[1].input == "hidden2/Tanh:0"
+    assert plan.pipeline.stages[1].variables == ["hidden3/bias", "hidden3/kernel", "out/bias", "out/kernel"]
+
+
+def test_a_skip_connection_is_not_a_cut():
+    import parallax_tf as ptf
+
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="features")
+        y = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
+        h = tf.compat.v1.layers.dense(x, 4, activation=tf.tanh, name="a")
+        g = tf.compat.v1.layers.dense(h, 4, activation=tf.tanh, name="b")
+        out = tf.compat.v1.layers.dense(g + h, 1, name="out")        # h skips b
+        return ptf.Model(loss=tf.reduce_mean(tf.square(tf.squeeze(out, 1) - y)),
+                         optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    from models import mlp
+    captured = _capture(model_fn, mlp.make_input_fn(vocab=0))
+    with pytest.raises(ConfigError, match=r"'b/Tanh:0' cannot begin a stage: .*also reads 'a/Tanh:0'.*skip connection"):
+        make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["b/Tanh"]}})
