@@ -1,6 +1,7 @@
 """Where a model can be cut into consecutive pipeline stages (DSP), measured on the capture run.
 
-A cut point is one tensor T of the forward pass such that the loss, above T, reads from below
+A cut point is one tensor T of the forward pass, not inside a layer (between its weights and its
+bias add), such that the loss, above T, reads from below
 only T itself, the model's raw inputs (labels: they travel with the activation) and values
 computed from neither variables nor inputs (constants, which every stage has). T must be a
 floating activation with a free batch dimension and a static shape per example, computed from
@@ -79,6 +80,8 @@ def _check(tensor, forward: set, reads: dict, op_seconds):
     above = forward - below
     if not above:
         return "it is the loss itself: nothing would be left for a later stage", None
+    if any(op.type == "BiasAdd" for op in tensor.consumers() if op in above):
+        return "it enters a bias add: a stage boundary goes after a whole layer, not between its weights and bias", None
     above_vars = set().union(*(reads[op] for op in above))
     shared = sorted(below_vars & above_vars)
     if shared:

@@ -22,7 +22,7 @@ def _keras_mlp():
         y = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
         net = tf_keras.Sequential([layers.Dense(12, activation="tanh", name=f"dense{i}",
                                                 kernel_initializer=tf_keras.initializers.GlorotUniform(seed=40 + i))
-                                   for i in range(3)] + [layers.Dense(1, name="head")])
+                                   for i in range(3)] + [layers.Dense(1, name="head", kernel_initializer=tf_keras.initializers.GlorotUniform(seed=49))])
         loss = tf.reduce_mean(tf.square(tf.squeeze(net(x), 1) - y))
         step = tf.compat.v1.train.get_or_create_global_step()
         train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss, global_step=step)
