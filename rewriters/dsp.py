@@ -32,7 +32,7 @@ from parallax_tf.errors import ModelError
 from parallax_tf.pipeline_cut import INPUT_OPS
 from parallax_tf.plan import ROUTE_LOCAL, ROUTE_STAGE
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters import dsp_runner, graph_copy, transform as transform_lib
+from rewriters import dsp_runner, exchange, graph_copy, transform as transform_lib
 from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, rebuild, tensor_bytes)
 from rewriters.pruning import needed_without, variable_and_slot_ops, without, writes
 
@@ -49,6 +49,9 @@ class StageGraph:
     forward_batch: tf.Tensor      # placeholders: which batch this run forwards / updates with
     backward_batch: tf.Tensor
     stored: tf.Tensor             # batches in the stash, oldest first
+    # with several pipelines: per other stage, the ops this rank runs to take part in averaging
+    # that stage's gradients over its replicas (global collectives), at the ticks it updates
+    joins: Dict[int, list] = dataclasses.field(default_factory=dict)
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
@@ -59,8 +62,6 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     other = sorted({v.route for v in plan.variables} - {ROUTE_STAGE, ROUTE_LOCAL})
     if other:
         raise ValueError(f"the dsp rewriter cannot build route(s) {other}")
-    if pipe.replicas > 1:
-        raise ModelError(f"--dsp_replicas={pipe.replicas}: several pipelines are not built yet; use --dsp_replicas=1")
     k, count = pipe.stage_of(topo.rank), len(pipe.stages)
     # model_fn's ctx counts pipelines: each reads its own data shard
     request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=pipe.pipeline_of(topo.rank),
@@ -79,6 +80,9 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     parts = {n: p for n, p in rebuilt.parts.items() if n in mine.variables}
     builder = _Stage(request, rebuilt, k, count, cuts[k], ends[k], raw_inputs[k], carried, parts)
     stage_graph, global_grads, moved = builder.build(pipe.grad_scale if k < count - 1 else 1.0)
+    if pipe.replicas > 1:
+        global_grads, stage_graph.joins, replica_bytes = _average_over_replicas(rebuilt, plan, topo, global_grads)
+        stage_graph.backward["bytes"] += replica_bytes
     step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, count)
     stage_graph.backward["train"] = step
     import horovod.tensorflow as hvd
@@ -213,6 +217,52 @@ def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, co
         raise ModelError(f"a stage's update needs input {fed[0]!r} directly, not through its stage's forward; dsp "
                          "cannot replay it for a stale batch. Use --strategy hybrid")
     return step, global_step
+
+
+def _average_over_replicas(rebuilt, plan, topo, grads: Dict[str, object]):
+    """(this stage's gradients averaged over its replicas, per other stage the ops this rank runs
+    to take part in averaging that stage's, bytes this rank sends). Global collectives in which
+    the other stages' ranks send nothing (rewriters/exchange.py: why no process sets): dense
+    gradients summed among the replicas by reduce-scatter + allgather, sparse ones allgathered."""
+    import horovod.tensorflow as hvd
+    pipe = plan.pipeline
+    mine = pipe.stage_of(topo.rank)
+    sparse = {v.name for v in plan.variables if v.gradient == "sparse"}
+    averaged, joins, sent = {}, {}, [tf.constant(0, tf.int64)]
+    for stage in pipe.stages:
+        own = stage.index == mine
+        variables = [p.variable for n in stage.variables for p in rebuilt.parts[n]]
+        dense = [v for v in variables if v.op.name in grads or not own]
+        dense = [v for v in dense if _logical(v, rebuilt) not in sparse]
+        ops = []
+        for dtype in sorted({v.dtype.base_dtype for v in dense}, key=lambda d: d.name):
+            group = [v for v in dense if v.dtype.base_dtype == dtype]
+            values = [grads[v.op.name] for v in group] if own else None
+            sums, done, moved = exchange.sum_among([(v.shape.as_list(), dtype) for v in group], values, stage.ranks,
+                                                   topo.size, f"parallax_dsp_stage{stage.index}_{dtype.name}")
+            ops += done
+            sent.append(moved)
+            if sums is not None:
+                averaged.update({v.op.name: s / len(stage.ranks) for v, s in zip(group, sums)})
+        for v in variables:
+            if _logical(v, rebuilt) not in sparse or (own and v.op.name not in grads):
+                continue
+            name = f"parallax_dsp_stage{stage.index}_{v.op.name.replace('/', '_')}"
+            grad = grads[v.op.name] if own else None
+            values = grad.values if own else exchange.empty(v.shape.as_list()[1:], v.dtype.base_dtype)
+            indices = tf.cast(grad.indices, tf.int64) if own else tf.cast(exchange.empty([], tf.int64), tf.int64)
+            all_values, all_indices = hvd.allgather(values, name=name + "_values"), hvd.allgather(indices, name=name + "_rows")
+            ops += [all_values.op, all_indices.op]
+            if own:
+                averaged[v.op.name] = tf.IndexedSlices(all_values / len(stage.ranks), all_indices, grad.dense_shape)
+                sent.append(tensor_bytes(grad))
+        if not own:
+            joins[stage.index] = ops
+    return averaged, joins, tf.add_n(sent)
+
+
+def _logical(variable, rebuilt) -> str:
+    return next(n for n, parts in rebuilt.parts.items() if any(p.variable is variable for p in parts))
 
 
 def _inputs_read(ops: set) -> List[tf.Tensor]:

@@ -22,13 +22,13 @@ from parallax_tf.runtime.session import batch_size
 
 
 def ticks(stage: int, stages: int, first: int, end: int) -> List[Tuple[Optional[int], Optional[int]]]:
-    """(batch forwarded, batch updated with) per tick of `stage` for batches [first, end); None
-    where the stage has no such batch at that tick (filling and draining the pipeline)."""
+    """(batch forwarded, batch updated with) by `stage` at each tick of the segment of batches
+    [first, end); None where the stage has no such batch then (filling and draining)."""
     lag = 2 * (stages - 1 - stage)
     out = []
-    for t in range(stage, end - first + stage + lag):
+    for t in range(end - first + 2 * (stages - 1)):
         forward, backward = first + t - stage, first + t - stage - lag
-        out.append((forward if forward < end else None, backward if backward >= first else None))
+        out.append((forward if first <= forward < end else None, backward if first <= backward < end else None))
     return out
 
 
@@ -51,7 +51,11 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
     watching = [h for h in hooks if not _saves(h)]      # progress, summaries: per batch, rank 0
     try:
         for first, end in segments(start, steps, hooks):
-            for forward, backward in ticks(graph.stage, graph.stages, first, end):
+            updating = {j: [b is not None for _, b in ticks(j, graph.stages, first, end)] for j in graph.joins}
+            for t, (forward, backward) in enumerate(ticks(graph.stage, graph.stages, first, end)):
+                joins = [op for j, ops in graph.joins.items() if updating[j][t] for op in ops]
+                if forward is None and backward is None and not joins:
+                    continue
                 began, moved, rows = time.perf_counter(), 0, 0
                 feeds = {}
                 if forward is not None and first_stage:
@@ -64,10 +68,13 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
                     moved += int(out["bytes"])
                     rows = rows or int(out["rows"])
                     feeds = {}
+                if backward is None and joins:      # other stages' replicas average their gradients
+                    with guard(f"stage {graph.stage}: tick {t} of batches [{first}, {end}), averaging other stages"):
+                        sess.run(joins, options=options)
                 if backward is not None:
                     feeds.update({graph.forward_batch: backward, graph.backward_batch: backward})
                     with guard(f"stage {graph.stage}: backward of batch {backward}"):
-                        out = sess.run(graph.backward, feeds, options=options)
+                        out = sess.run(dict(graph.backward, joins=joins), feeds, options=options)
                     moved += int(out["bytes"])
                     rows = rows or int(out.get("rows", 0))
                     loss = float(out["loss"])

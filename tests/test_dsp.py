@@ -38,8 +38,10 @@ def results(out: str, name: str, ranks: int):
 def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: int = 0):
     """Variables after `steps` batches under DSP's tick rule, in one process: at tick t stage k
     forwards batch t - k with its current variables and then updates with batch
-    t - 2(K-1) + k, recomputing its forward on that batch's stored input; the pipeline drains
-    every `segment` batches (0: only at the end). Returns (variables, losses in batch order)."""
+    t - 2(K-1) + k, recomputing its forward on that batch's stored input; with several pipelines
+    each stage averages its gradients on the pipelines' batches; the pipeline drains every
+    `segment` batches (0: only at the end). Returns (variables, per pipeline the losses in batch
+    order)."""
     model_fn, input_fn, kind_rate = dsp_models.MODELS[name]
     pipe = plan.pipeline
     count, scale = len(pipe.stages), pipe.grad_scale
@@ -63,23 +65,28 @@ def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: i
             apply = dsp_models.optimizer(kind_rate).apply_gradients(pairs)
             stages.append((xs, dy, grads, fed, apply))
         init = tf.compat.v1.global_variables_initializer()
-    feeds_of = lambda b: {graph.get_tensor_by_name(k + ":0"): v for k, v in input_fn(RunContext(step=b)).items()}
+    pipelines = pipe.replicas
+    feeds_of = lambda b, p: {graph.get_tensor_by_name(k + ":0"): v
+                             for k, v in input_fn(RunContext(rank=p, size=pipelines, step=b)).items()}
     losses = {}
     with tf.compat.v1.Session(graph=graph) as sess:
         sess.run(init)
 
-        def update(k, feeds):
+        def update(k, feeds_per_pipeline):
+            """The stage's gradient on each pipeline's batch, averaged over pipelines and applied;
+            per pipeline (input gradient, loss)."""
             xs, dy, grads, fed, apply = stages[k]
-            got = sess.run(grads + ([loss] if k == count - 1 else []), feeds)
-            factor = scale if k < count - 1 else 1.0
+            got = [sess.run(grads + ([loss] if k == count - 1 else [tf.constant(0.0)]), f) for f in feeds_per_pipeline]
+            factor = (scale if k < count - 1 else 1.0) / pipelines
             apply_feeds = {}
-            for f, g in zip(fed, got[:len(xs)]):
+            for i, f in enumerate(fed):
                 if isinstance(f, tuple):
-                    apply_feeds.update({f[0]: g.values * factor, f[1]: g.indices})
+                    apply_feeds.update({f[0]: np.concatenate([g[i].values for g in got]) * factor,
+                                        f[1]: np.concatenate([g[i].indices for g in got])})
                 else:
-                    apply_feeds[f] = g * factor
+                    apply_feeds[f] = sum(g[i] for g in got) * factor
             sess.run(apply, apply_feeds)
-            return got[len(xs)] if k else None, got[-1]
+            return [(g[len(xs)] if k else None, g[-1]) for g in got]
 
         bounds = list(range(0, steps, segment or steps)) + [steps]
         for first, end in zip(bounds, bounds[1:]):
@@ -88,41 +95,48 @@ def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: i
                 for k in range(count):
                     batch = first + t - k
                     if first <= batch < end:
-                        feeds = feeds_of(batch)
-                        if k:
-                            feeds[cuts[k]] = arrived.pop((k, batch))
-                        if k < count - 1:
-                            arrived[(k + 1, batch)] = sess.run(outputs[k], feeds)
-                            stored[(k, batch)] = feeds
-                        else:
-                            dx, losses[batch] = update(k, feeds)
+                        all_feeds = []
+                        for p in range(pipelines):
+                            feeds = feeds_of(batch, p)
                             if k:
-                                gradient[(k - 1, batch)] = (dx, losses[batch])
+                                feeds[cuts[k]] = arrived.pop((k, batch, p))
+                            if k < count - 1:
+                                arrived[(k + 1, batch, p)] = sess.run(outputs[k], feeds)
+                                stored[(k, batch, p)] = feeds
+                            all_feeds.append(feeds)
+                        if k == count - 1:
+                            for p, (dx, batch_loss) in enumerate(update(k, all_feeds)):
+                                losses[(batch, p)] = batch_loss
+                                if k:
+                                    gradient[(k - 1, batch, p)] = (dx, batch_loss)
                     late = first + t - k - 2 * (count - 1 - k)
                     if k < count - 1 and first <= late < end:
-                        feeds = stored.pop((k, late))
-                        dy, batch_loss = gradient.pop((k, late))
-                        feeds[stages[k][1]] = dy
-                        dx, _ = update(k, feeds)
-                        if k:
-                            gradient[(k - 1, late)] = (dx, batch_loss)
+                        all_feeds = []
+                        for p in range(pipelines):
+                            feeds = stored.pop((k, late, p))
+                            feeds[stages[k][1]] = gradient[(k, late, p)][0]
+                            all_feeds.append(feeds)
+                        for p, (dx, _) in enumerate(update(k, all_feeds)):
+                            batch_loss = gradient.pop((k, late, p))[1]
+                            if k:
+                                gradient[(k - 1, late, p)] = (dx, batch_loss)
             assert not arrived and not gradient and not stored
         values = sess.run({n: v for n, v in by_name.items()})
-    return values, [losses[b] for b in range(steps)]
+    return values, {p: [losses[(b, p)] for b in range(steps)] for p in range(pipelines)}
 
 
 def check_against_reference(out: str, name: str, ranks: int, steps: int = dsp_models.BATCHES, segment: int = 0):
     got = results(out, name, ranks)
     plan = Plan.from_json(str(got[0]["plan"]))
-    assert len(plan.pipeline.stages) == ranks
+    assert len(plan.pipeline.stages) * plan.pipeline.replicas == ranks
     want, want_losses = reference(name, plan, steps, segment)
     for var, value in want.items():
         error = ref_lib.relative_error(got[0][f"var:{var}"], value)
         assert error <= 1e-5, (name, var, error)
         for other in got[1:]:               # every stage hands back the same whole values
             np.testing.assert_array_equal(other[f"var:{var}"], got[0][f"var:{var}"])
-    for r in got:                           # each stage saw every batch's loss, in order
-        np.testing.assert_allclose(r["losses"], want_losses, rtol=1e-5)
+    for rank, r in enumerate(got):          # each stage saw its pipeline's losses, in batch order
+        np.testing.assert_allclose(r["losses"], want_losses[plan.pipeline.pipeline_of(rank)], rtol=1e-5)
         assert int(r["global_step"]) == steps
     return got, want
 
@@ -161,6 +175,12 @@ def test_one_stage_is_ordinary_training():
             want = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
     for var, value in want.items():
         assert ref_lib.relative_error(got[f"var:{var}"], value) <= 1e-5, var
+
+
+@pytest.mark.parametrize("name", ["mlp_sgd", "mlp_momentum"])
+def test_two_pipelines_average_each_stages_gradients(name):
+    out = run_job(4, ("mlp_sgd", "mlp_momentum"), "--stages=2", "--dsp_replicas=2")
+    check_against_reference(out, name, 4)
 
 
 def test_gradient_scale_on_stale_stages():
