@@ -58,6 +58,8 @@ flags.DEFINE_integer("stages", None, "dsp: pipeline stages K (default: every ran
 flags.DEFINE_integer("dsp_replicas", 1, "dsp: pipelines side by side R (ranks = K x R), data parallel across them.")
 flags.DEFINE_list("dsp_cuts", [], "dsp: the K-1 tensors where stages 1..K-1 begin (default: the planner balances "
                   "the measured compute).")
+flags.DEFINE_enum("dsp_schedule", "dsp", ["dsp", "locked"], "dsp: the tick rule with layer-wise staleness; "
+                  "locked: one batch in the pipeline at a time, plain backprop (the baseline DSP removes).")
 flags.DEFINE_float("dsp_grad_scale", 1.0, "dsp: factor on the gradient of every stage but the last (stale ones).")
 flags.DEFINE_integer("max_staleness", 16, "ps_plus: a rank whose copy is more than this many versions behind the "
                      "global one waits for a fresh pull before its next step (bounded staleness).")
@@ -102,13 +104,14 @@ class Options:
     dsp_replicas: int
     dsp_cuts: list
     dsp_grad_scale: float
+    dsp_schedule: str
 
     def route_options(self) -> dict:
         """Options the plan stores in the params of the variables on a route."""
         from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_SIGNIFICANT, ROUTE_STAGE
         return {ROUTE_SIGNIFICANT: self.slim(), ROUTE_ASYNC_PS: self.ps_plus(),
                 ROUTE_STAGE: {"stages": self.stages, "replicas": self.dsp_replicas, "cuts": list(self.dsp_cuts),
-                              "grad_scale": self.dsp_grad_scale},
+                              "grad_scale": self.dsp_grad_scale, "schedule": self.dsp_schedule},
                 ROUTE_FC_NODE: {"fc_nodes": self.fc_nodes, "microbatches": self.stanza_microbatches}}
 
     def ps_plus(self) -> dict:

@@ -116,12 +116,13 @@ class Pipeline:
     stages: List[Stage]
     replicas: int = 1
     grad_scale: float = 1.0        # a stale stage's gradient is scaled by it (FDG's beta)
+    schedule: str = "dsp"          # "locked": one batch in the pipeline at a time (the baseline)
 
     @property
     def staleness(self) -> List[int]:
         """Batches between a stage's forward of a batch and its update with it: 2(K-1-k)."""
         count = len(self.stages)
-        return [2 * (count - 1 - k) for k in range(count)]
+        return [0 if self.schedule == "locked" else 2 * (count - 1 - k) for k in range(count)]
 
     def stage_of(self, rank: int) -> int:
         return rank % len(self.stages)
@@ -199,7 +200,7 @@ class Plan:
 
     def pipeline_lines(self) -> List[str]:
         pipe = self.pipeline
-        lines = [f"{len(pipe.stages)} stage(s) x {pipe.replicas} pipeline(s); staleness per stage "
+        lines = [f"{len(pipe.stages)} stage(s) x {pipe.replicas} pipeline(s), schedule {pipe.schedule}; staleness per stage "
                  f"{pipe.staleness}; stale gradients scaled by {pipe.grad_scale:g}"]
         for stage, stale in zip(pipe.stages, pipe.staleness):
             source = "reads the data" if stage.input is None else \

@@ -126,12 +126,15 @@ def measurements(strategy: str) -> dict:
 
 
 def pipeline_split(capture: Capture, num_ranks: int, stages: Optional[int] = None, replicas: int = 1,
-                   cuts: Optional[List[str]] = None, grad_scale: float = 1.0) -> Pipeline:
+                   cuts: Optional[List[str]] = None, grad_scale: float = 1.0, schedule: str = "dsp") -> Pipeline:
     """DSP: K = `stages` consecutive stages (default: every rank, one pipeline) times `replicas`
     pipelines; the cuts balance the measured compute (pipeline_cut.balanced) unless named."""
     from parallax_tf import pipeline_cut
     if replicas < 1:
         raise ConfigError(f"--dsp_replicas must be >= 1, got {replicas}")
+    if schedule == "locked" and replicas > 1:
+        raise ConfigError("--dsp_schedule=locked (the baseline: one batch in the pipeline) runs one pipeline; "
+                          "use --dsp_replicas=1")
     count = stages if stages else (len(cuts) + 1 if cuts else num_ranks // replicas)
     if count < 1 or count * replicas != num_ranks:
         raise ConfigError(f"--stages={count} x --dsp_replicas={replicas} = {count * replicas} rank(s), but the job has "
@@ -166,7 +169,7 @@ def pipeline_split(capture: Capture, num_ranks: int, stages: Optional[int] = Non
                          compute_share=costs[k] / total, input=entering.name if entering else None,
                          input_shape=entering.shape if entering else [],
                          input_bytes_per_example=entering.bytes_per_example if entering else 0))
-    return Pipeline(stages=out, replicas=replicas, grad_scale=grad_scale)
+    return Pipeline(stages=out, replicas=replicas, grad_scale=grad_scale, schedule=schedule)
 
 
 def _stage_route(info: VariableInfo, stage_of: dict, pipeline: Pipeline):

@@ -44,6 +44,7 @@ class StageGraph:
     stages: int
     pipeline: int                 # which pipeline this rank is in, of `pipelines`
     pipelines: int
+    locked: bool                  # one batch in the pipeline at a time (the baseline DSP removes)
     forward: Optional[dict]       # fetches of a forward run (None on the last stage)
     backward: dict                # fetches of a backward run (the last stage: forward and backward)
     forward_batch: tf.Tensor      # placeholders: which batch this run forwards / updates with
@@ -83,7 +84,9 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     if pipe.replicas > 1:
         global_grads, stage_graph.joins, replica_bytes = _average_over_replicas(rebuilt, plan, topo, global_grads)
         stage_graph.backward["bytes"] += replica_bytes
-    step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, count)
+    # the update runs with the data fed only when stage 0 forwards in the same run
+    reads_data = count == 1 or (k == 0 and pipe.schedule == "locked")
+    step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, reads_data)
     stage_graph.backward["train"] = step
     import horovod.tensorflow as hvd
     local = tf.compat.v1.global_variables()
@@ -103,6 +106,7 @@ class _Stage:
         self.cut, self.end, self.raw, self.carried, self.parts = cut, end, raw, carried, parts
         self.topo = request.topology
         self.first, self.last = k == 0, k == count - 1
+        self.locked = request.plan.pipeline.schedule == "locked"
 
     def _queue(self, stage: int, kind: str, like: list):
         """The queue on `stage`'s rank (of this pipeline) that its `kind` messages wait in; a
@@ -151,12 +155,13 @@ class _Stage:
             loss = tf.cast(output, tf.float64)
             ys, inputs_xs, grad_ys, with_loss = output, [activation] if not self.first else [], None, loss
         else:
-            stash = compiled.input_stash([t.dtype for t in stored_like], capacity=2 * self.count,
-                                         stage=self.k, shared_name=f"parallax_dsp_stash_{self.topo.rank}")
-            put = compiled.stash_put(stash, forward_batch, stored_now)
+            stash = None if self.locked else compiled.input_stash(
+                [t.dtype for t in stored_like], capacity=2 * self.count, stage=self.k,
+                shared_name=f"parallax_dsp_stash_{self.topo.rank}")
+            put = [] if self.locked else [compiled.stash_put(stash, forward_batch, stored_now)]
             up = self._activation_queue(self.k + 1)
             message = [forward_batch, output] + [carried_in[t.name] for t in self.carried[self.k + 1]]
-            with tf.control_dependencies([put]):
+            with tf.control_dependencies(put):
                 sent = up.enqueue(message, name="parallax_dsp_send_activation")
             forward = {"sent": sent, "rows": tf.shape(output)[0],
                        "bytes": tensor_bytes(output) + tf.add_n([tf.constant(8, tf.int64)] + [
@@ -167,17 +172,24 @@ class _Stage:
             with tf.control_dependencies([check]):
                 grad_ys = tf.identity(back[2])
             with_loss = back[1]
-            stored = compiled.stash_take(stash, backward_batch, stored_like)
-            again = graph_copy.copy_between({t.name: v for t, v in zip(stored_like, stored)}, [self.end],
-                                            "/parallax_dsp_recompute")[0]
-            ys, inputs_xs = again, stored[:1] if not self.first else []
             moved.append(tensor_bytes(back[2]))
+            if self.locked:       # one batch in the pipeline: backpropagate this run's own forward
+                ys, inputs_xs = output, [activation] if not self.first else []
+                moved.append(forward.pop("bytes"))
+                locked_forward, forward = forward, None
+            else:
+                stored = compiled.stash_take(stash, backward_batch, stored_like)
+                again = graph_copy.copy_between({t.name: v for t, v in zip(stored_like, stored)}, [self.end],
+                                                "/parallax_dsp_recompute")[0]
+                ys, inputs_xs = again, stored[:1] if not self.first else []
         dys = tf.gradients(ys, xs + inputs_xs, grad_ys=grad_ys)
         grads = {}
         for var, dy in zip(xs, dys):
             if dy is not None:
                 grads[var.op.name] = _gated(_scaled(dy, scale), ys.op)
         backward = {"loss": with_loss}
+        if self.locked and not self.last:
+            backward.update(sent_up=locked_forward["sent"], rows=locked_forward["rows"])
         if not self.first:        # the gradient of what arrived goes to the stage below
             down = self._gradient_queue(self.k - 1)
             dx = dys[len(xs)]
@@ -187,14 +199,15 @@ class _Stage:
             moved.append(tensor_bytes(dx) + 16)
         if self.last and not self.first:
             backward["rows"] = tf.shape(activation)[0]
+        stored_batches = compiled.stash_batches(stash) if forward is not None else tf.zeros([0], tf.int64)
         backward["bytes"] = tf.add_n(moved) if moved else tf.constant(0, tf.int64)
         pipe = self.request.plan.pipeline
-        return (StageGraph(self.k, self.count, pipe.pipeline_of(self.topo.rank), pipe.replicas, forward, backward, forward_batch, backward_batch,
-                           compiled.stash_batches(stash) if not self.last else tf.zeros([0], tf.int64)),
+        return (StageGraph(self.k, self.count, pipe.pipeline_of(self.topo.rank), pipe.replicas, self.locked, forward,
+                           backward, forward_batch, backward_batch, stored_batches),
                 grads, {"activations": backward["bytes"]})
 
 
-def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, count: int):
+def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, reads_data: bool):
     """(step, global step): the model's own train op for this stage's variables, reading
     `global_grads` (variable op name -> gradient), the other stages' applies (and their slots'
     updates) pruned."""
@@ -213,7 +226,7 @@ def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, co
     step = without(target, dropped, gradient_ops, tf.no_op(name="parallax_dsp_token"), through_inputs=False)
     fed = [op.name for op in ancestors(step if isinstance(step, tf.Operation) else step.op) if op.type in INPUT_OPS
            and op.name not in ("parallax_dsp_forward_batch", "parallax_dsp_backward_batch")]
-    if fed and count > 1:
+    if fed and not reads_data:
         raise ModelError(f"a stage's update needs input {fed[0]!r} directly, not through its stage's forward; dsp "
                          "cannot replay it for a stale batch. Use --strategy hybrid")
     return step, global_step

@@ -21,9 +21,13 @@ from parallax_tf.runtime.hooks import Hook, StepStats
 from parallax_tf.runtime.session import batch_size
 
 
-def ticks(stage: int, stages: int, first: int, end: int) -> List[Tuple[Optional[int], Optional[int]]]:
+def ticks(stage: int, stages: int, first: int, end: int, locked: bool = False) -> List[Tuple[Optional[int], Optional[int]]]:
     """(batch forwarded, batch updated with) by `stage` at each tick of the segment of batches
-    [first, end); None where the stage has no such batch then (filling and draining)."""
+    [first, end); None where the stage has no such batch then (filling and draining). Locked:
+    each batch forward and backward through every stage before the next one enters (one run
+    per batch and stage; the queues order them)."""
+    if locked:
+        return [(b, b) for b in range(first, end)]
     lag = 2 * (stages - 1 - stage)
     out = []
     for t in range(end - first + 2 * (stages - 1)):
@@ -47,12 +51,12 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
     stats = StepStats()
     losses: List[float] = []
     options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
-    first_stage, last_stage = graph.stage == 0, graph.stage == graph.stages - 1
+    first_stage = graph.stage == 0
     watching = [h for h in hooks if not _saves(h)]      # progress, summaries: per batch, rank 0
     try:
         for first, end in segments(start, steps, hooks):
             updating = {j: [b is not None for _, b in ticks(j, graph.stages, first, end)] for j in graph.joins}
-            for t, (forward, backward) in enumerate(ticks(graph.stage, graph.stages, first, end)):
+            for t, (forward, backward) in enumerate(ticks(graph.stage, graph.stages, first, end, graph.locked)):
                 joins = [op for j, ops in graph.joins.items() if updating[j][t] for op in ops]
                 if forward is None and backward is None and not joins:
                     continue
@@ -62,7 +66,7 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
                     ctx.step = forward
                     feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
                     rows = batch_size(feeds)
-                if forward is not None and not last_stage:
+                if forward is not None and graph.forward is not None:     # the last stage and locked ones: one run
                     with guard(f"stage {graph.stage}: forward of batch {forward}"):
                         out = sess.run(graph.forward, {**feeds, graph.forward_batch: forward}, options=options)
                     moved += int(out["bytes"])

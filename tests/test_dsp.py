@@ -183,6 +183,16 @@ def test_two_pipelines_average_each_stages_gradients(name):
     check_against_reference(out, name, 4)
 
 
+def test_locked_schedule_is_plain_backprop():
+    out = run_job(3, ("mlp_momentum", "cnn_momentum"), "--dsp_schedule=locked")
+    for name in ("mlp_momentum", "cnn_momentum"):
+        got = results(out, name, 3)
+        want, losses = reference(name, dataclass_single_stage(Plan.from_json(str(got[0]["plan"]))))
+        for var, value in want.items():
+            assert ref_lib.relative_error(got[2][f"var:{var}"], value) <= 1e-5, (name, var)
+        np.testing.assert_allclose(got[0]["losses"], losses[0], rtol=1e-5)
+
+
 def test_gradient_scale_on_stale_stages():
     out = run_job(3, ("mlp_momentum",), "--dsp_grad_scale=0.5")
     check_against_reference(out, "mlp_momentum", 3)
