@@ -55,7 +55,7 @@ def model_flags() -> list:
     passed = []
     for name in FLAGS:
         if name.startswith(("slim_", "cnn_", "mlp_", "lm_", "staleness_", "max_staleness", "ps_plus_", "stanza_",
-                            "fc_nodes")) and FLAGS[name].present:
+                            "fc_nodes", "dsp_", "stages")) and FLAGS[name].present:
             value = FLAGS[name].value
             passed.append(f"--{name}={','.join(map(str, value)) if isinstance(value, list) else value}")
     return passed

@@ -78,6 +78,7 @@ def train_and_measure() -> dict:
                            "global_step": result.global_step, "local_steps": len(result.step_times)}
         lower = result.lower_bound_bytes_per_step
         figures["bytes_by_route"] = result.bytes_per_step
+        figures["losses"] = [float(x) for x in result.losses]
         if rank == 0:
             figures["held_out_loss"] = held_out_loss(model_fn, input_fn, result.variables)
     times = figures["step_times"][FLAGS.warmup:]
@@ -87,6 +88,7 @@ def train_and_measure() -> dict:
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
               "cpu_s_per_step": figures.get("cpu_s_per_step"), **figures.get("wall", {}),
+              "losses": figures.get("losses"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps
               "link_bytes_per_step": {k: v / total for k, v in link.items()} if link else None}

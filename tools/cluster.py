@@ -25,6 +25,8 @@ flags.DEFINE_string("bandwidth", "100mbit", "Per-link rate, each direction (tc s
 flags.DEFINE_string("delay", "1ms", "Per-link one-way delay (tc syntax).")
 flags.DEFINE_string("host_cpus", "auto", "CPUs each host may use: auto (the machine's cores / hosts), "
                     "off (no quota: hosts share every core) or a number.")
+flags.DEFINE_float("cpu_period_ms", 100.0, "CFS period of the CPU quota: a host may use its share of it at once "
+                   "(short periods throttle bursts too; the kernel needs a quota of at least 1 ms).")
 flags.DEFINE_string("slow_hosts", "", "HOST:FACTOR,...: these hosts get 1/FACTOR of their CPU share.")
 FLAGS = flags.FLAGS
 
@@ -53,7 +55,8 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
     try:
         netns.setup(topo)
         if shares:
-            cpu_quota.setup(shares)
+            period_ms = FLAGS.cpu_period_ms if FLAGS.is_parsed() else 100.0
+            cpu_quota.setup(shares, int(period_ms * 1000))
         if not topo.delay_applied:
             print(f"tools.cluster: this kernel has no netem qdisc (sch_netem); links are limited to "
                   f"{bandwidth} but --delay={delay} is NOT applied", file=sys.stderr, flush=True)

@@ -61,15 +61,18 @@ def quotas(hosts: int, host_cpus: str, slow: Dict[int, float], cores: Optional[i
     return [share / slow.get(i, 1.0) for i in range(hosts)]
 
 
-def setup(cpus_per_host: List[float]) -> None:
+def setup(cpus_per_host: List[float], period_us: int = PERIOD_US) -> None:
+    """A short period throttles a host within a burst too: with the default 100 ms a host that
+    was idle may use both cores for its whole quota, i.e. run faster than its share while the
+    others wait (a pipeline's stages take turns in a locked schedule)."""
     teardown()
     for controller in CONTROLLERS:
         for host in range(len(cpus_per_host)):
             os.makedirs(_dir(controller, host))
     for host, cpus in enumerate(cpus_per_host):
         # a quota below 1 ms per period is refused by the kernel
-        quota = max(1000, int(round(cpus * PERIOD_US)))
-        _write(os.path.join(_dir("cpu", host), "cpu.cfs_period_us"), PERIOD_US)
+        quota = max(1000, int(round(cpus * period_us)))
+        _write(os.path.join(_dir("cpu", host), "cpu.cfs_period_us"), period_us)
         _write(os.path.join(_dir("cpu", host), "cpu.cfs_quota_us"), quota)
 
 
