@@ -114,7 +114,7 @@ class Rebuilt:
         return self.training.loss
 
 
-def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False) -> Rebuilt:
+def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False, distinct_pulls: bool = False) -> Rebuilt:
     """Calls model_fn (and, for the optimizer form, minimize) in the current default graph with
     variables placed as the plan says: the shards of `on_servers` (default: the PS route's
     variables) and their optimizer slots on their server (TF's partitioner splits variables the
@@ -164,12 +164,44 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
         raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                          f"new {sorted(extra)}); model_fn must build the same graph every call")
     sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
+    expansions = {}
     with tf.device(topo.worker_device):
-        grads = own_gradients(training, parts, sparse_on_ps)
+        if distinct_pulls:
+            for name in sorted(sparse_on_ps):
+                for part in parts[name]:
+                    expansions.update(pull_distinct_rows(part.variable, ancestors(training.loss.op)))
+        grads = own_gradients(training, parts, sparse_on_ps, expansions)
     return Rebuilt(training=training, parts=parts, grads=grads)
 
 
-def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
+def pull_distinct_rows(variable, needed: set) -> dict:
+    """Each lookup of a PS variable (a gather the placer runs next to the variable) reads every
+    distinct id once: the ids are de-duplicated on the worker, only their rows cross, and the
+    worker expands them back to the lookup's shape. Called in the worker's device scope, before
+    gradients are taken. Returns new gather -> (its expansion, the lookup's ids): the gradient is
+    still taken per looked-up id, as single-device TF does (a gradient transform such as a
+    global norm sees the same rows)."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+    expansions = {}
+    for op in list(variable.handle.consumers()):
+        if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0 or op not in needed:
+            continue
+        ids, looked_up = op.inputs[1], op.outputs[0]
+        distinct, position = tf.unique(tf.reshape(ids, [-1]))
+        rows = gen_resource_variable_ops.resource_gather(variable.handle, distinct, dtype=looked_up.dtype,
+                                                          name=op.name + "_distinct")
+        row_shape = tf.shape(rows)[1:]
+        expanded = tf.reshape(tf.gather(rows, position), tf.concat([tf.shape(ids), row_shape], 0))
+        expanded.set_shape(looked_up.shape)
+        for consumer in list(looked_up.consumers()):
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is looked_up:
+                    consumer._update_input(index, expanded)
+        expansions[rows.op] = (expanded, ids)
+    return expansions
+
+
+def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None) -> Dict[str, list]:
     """This rank's raw gradient for every part the train op updates, of the same loss the user
     differentiated (one tf.gradients per distinct gradient call)."""
     raw = training.raw_gradients()
@@ -183,18 +215,19 @@ def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[
                 by_call.setdefault(id(call), (call, {}))[1].setdefault(name, []).append(part)
     grads = {name: [None] * len(pieces) for name, pieces in parts.items()}
     for call, subset in by_call.values():
-        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps)
+        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps, expansions)
         for name, part_grads in found.items():
             for part, grad in zip(subset[name], part_grads):
                 grads[name][parts[name].index(part)] = grad
     return grads
 
 
-def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[str, list]:
+def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None) -> Dict[str, list]:
     """Gradient per part. For a sparse variable on a PS, it is built here (on the worker) from
     the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
     colocate those ops with the variable, sending every looked-up row, repeats included, to
-    the server and back before the de-duplicated push."""
+    the server and back before the de-duplicated push. `expansions` (pull_distinct_rows):
+    for a de-duplicated lookup, the gradient of its expansion, per looked-up id."""
     needed = set().union(*(ancestors(y.op) for y in ys))
     xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
     for name, pieces in parts.items():
@@ -203,7 +236,7 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[s
             lookups = [op for op in readers if op.type == "ResourceGather" and op.get_attr("batch_dims") == 0]
             if name in sparse_on_ps and lookups and len(lookups) == len(readers):
                 recipe.append(("lookups", [(op, len(xs) + k) for k, op in enumerate(lookups)]))
-                xs.extend(op.outputs[0] for op in lookups)
+                xs.extend((expansions or {}).get(op, (op.outputs[0],))[0] for op in lookups)
             else:
                 recipe.append(("var", len(xs)))
                 xs.append(part.variable)
@@ -215,7 +248,7 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps) -> Dict[s
             continue
         var = part.variable
         row_shape = var.shape[1:].as_list()
-        pieces = [(tf.reshape(dys[i], [-1] + row_shape), tf.reshape(op.inputs[1], [-1]))
+        pieces = [(tf.reshape(dys[i], [-1] + row_shape), tf.reshape((expansions or {}).get(op, (None, op.inputs[1]))[1], [-1]))
                   for op, i in where if dys[i] is not None]
         if not pieces:
             flat.append(None)

@@ -36,7 +36,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     other = sorted({v.route for v in plan.trained} - set(allowed_routes) - set(extra_routes))
     if other:
         raise ValueError(f"the {strategy} rewriter cannot build route(s) {other}")
-    rebuilt = rebuild(request)
+    rebuilt = rebuild(request, distinct_pulls=True)
     training = rebuilt.training
     if all(g is None for grads in rebuilt.grads.values() for g in grads):
         raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
