@@ -32,7 +32,8 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0) -> dict:
     raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
 
 
-def _loop(sess_run, graph, model, input_fn, ctx, steps):
+def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
+    """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
     placeholders = _needed_placeholders(model.loss)
     times, examples = [], 0
     link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
@@ -40,10 +41,14 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps):
         ctx.step = step
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
         begin = time.perf_counter()
-        sess_run(feeds)
+        more = sess_run(feeds)
         times.append(time.perf_counter() - begin)
         examples = session_lib.batch_size(feeds) * ctx.size
+        if more is False:
+            break
     link_after = session_lib.link_counters() if link_before else None
+    if before_barrier is not None:
+        before_barrier()
     if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
         import horovod.tensorflow as hvd
         hvd.allgather_object(None)
@@ -100,7 +105,9 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
             optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                 model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
             train = optimizer.minimize(model.loss, global_step=global_step)
-        hooks = [optimizer.make_session_run_hook(ctx.rank == 0)]
+        # as TF's own examples run it: every worker until the global step reaches `steps` (a
+        # worker's own step count is not the aggregation count: tokens go to whoever asks first)
+        hooks = [optimizer.make_session_run_hook(ctx.rank == 0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
     # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
                                       operation_timeout_in_ms=120_000)
@@ -116,7 +123,19 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
     else:
         hvd.allgather_object(None)
         sess = open_session()
-    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+
+    def step(feeds):
+        try:
+            sess.run(train, feeds)
+        except tf.errors.OutOfRangeError:
+            # the chief reached the last step and closed its token queue while this worker
+            # waited for a token: its gradient was not needed
+            if ctx.rank == 0:
+                raise
+            return False
+        return not sess.should_stop()
+    # the chief closes first (which releases workers still waiting for a token), then all meet
+    return _loop(step, graph, model, input_fn, ctx, steps, before_barrier=sess.close if ctx.rank == 0 else None)
 
 
 class GreedyByBytes:
