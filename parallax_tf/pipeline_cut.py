@@ -229,14 +229,14 @@ def balanced(cuts: PipelineCuts, stages: int) -> List[CutPoint]:
 def most_stages(cuts: PipelineCuts) -> int:
     """The longest chain of nested cut points with variables between each: stages possible."""
     points = cuts.points
+    below = [set(p.below_ops) for p in points]
+    variables = [set(p.variables) for p in points]
     longest = []
     for j, p in enumerate(points):
-        mine = set(p.below_ops)
-        if not p.variables or not set(cuts.variables) - set(p.variables):
+        if not variables[j] or not set(cuts.variables) - variables[j]:
             longest.append(0)
             continue
-        prior = [longest[i] for i in range(j) if longest[i] and set(points[i].below_ops) < mine
-                 and set(p.variables) - set(points[i].variables)]
+        prior = [longest[i] for i in range(j) if longest[i] and below[i] < below[j] and variables[j] - variables[i]]
         longest.append(1 + max(prior, default=0))
     return 1 + max(longest, default=0)
 

@@ -182,6 +182,7 @@ def pull_distinct_rows(variable, needed: set) -> dict:
     still taken per looked-up id, as single-device TF does (a gradient transform such as a
     global norm sees the same rows)."""
     from tensorflow.python.ops import gen_resource_variable_ops
+    from rewriters.transform import rewire      # transform imports this module
     expansions = {}
     for op in list(variable.handle.consumers()):
         if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0 or op not in needed:
@@ -193,10 +194,7 @@ def pull_distinct_rows(variable, needed: set) -> dict:
         row_shape = tf.shape(rows)[1:]
         expanded = tf.reshape(tf.gather(rows, position), tf.concat([tf.shape(ids), row_shape], 0))
         expanded.set_shape(looked_up.shape)
-        for consumer in list(looked_up.consumers()):
-            for index, tensor in enumerate(consumer.inputs):
-                if tensor is looked_up:
-                    consumer._update_input(index, expanded)
+        rewire(looked_up, expanded, set(looked_up.consumers()))
         expansions[rows.op] = (expanded, ids)
     return expansions
 

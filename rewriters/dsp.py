@@ -32,9 +32,9 @@ from parallax_tf.errors import ModelError
 from parallax_tf.pipeline_cut import INPUT_OPS
 from parallax_tf.plan import ROUTE_LOCAL, ROUTE_STAGE
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters import dsp_runner, exchange, graph_copy, transform as transform_lib
+from rewriters import dsp_runner, exchange, graph_copy
 from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, rebuild, tensor_bytes)
-from rewriters.pruning import needed_without, variable_and_slot_ops, without, writes
+from rewriters.pruning import update_without, variable_and_slot_ops
 
 
 @dataclasses.dataclass
@@ -84,6 +84,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     if pipe.replicas > 1:
         global_grads, stage_graph.joins, replica_bytes = _average_over_replicas(rebuilt, plan, topo, global_grads)
         stage_graph.backward["bytes"] += replica_bytes
+        moved = {"activations": stage_graph.backward["bytes"]}
     # the update runs with the data fed only when stage 0 forwards in the same run
     reads_data = count == 1 or (k == 0 and pipe.schedule == "locked")
     step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, reads_data)
@@ -213,17 +214,8 @@ def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, re
     updates) pruned."""
     training = rebuilt.training
     target, global_step = advancing_global_step(training, topo.worker_device)
-    theirs = variable_and_slot_ops(training, rebuilt.parts, others)
-    transform = transform_lib.analyse(training, ancestors(target))
-    gradient_ops = set(transform.depends)
-    for op, deps in transform.depends.items():
-        if deps - set(global_grads) and deps & set(global_grads):
-            raise ModelError(f"gradient transform op {op.name!r} combines gradients of variables in different "
-                             "pipeline stages (e.g. clip_by_global_norm over all variables); dsp updates each "
-                             "stage on its own rank. Transform each variable's gradient alone or use --strategy hybrid")
-    dropped = {op for op in ancestors(target) if writes(op, theirs)}
-    transform_lib.feed_global_gradients(transform, global_grads, ancestors(target))
-    step = without(target, dropped, gradient_ops, tf.no_op(name="parallax_dsp_token"), through_inputs=False)
+    step = update_without(training, target, variable_and_slot_ops(training, rebuilt.parts, others), global_grads,
+                          "parallax_dsp_token", check=lambda transform, _: _check_stages_apart(transform, global_grads))
     fed = [op.name for op in ancestors(step if isinstance(step, tf.Operation) else step.op) if op.type in INPUT_OPS
            and op.name not in ("parallax_dsp_forward_batch", "parallax_dsp_backward_batch")]
     if fed and not reads_data:
@@ -276,6 +268,14 @@ def _average_over_replicas(rebuilt, plan, topo, grads: Dict[str, object]):
 
 def _logical(variable, rebuilt) -> str:
     return next(n for n, parts in rebuilt.parts.items() if any(p.variable is variable for p in parts))
+
+
+def _check_stages_apart(transform, global_grads: Dict[str, object]) -> None:
+    for op, deps in transform.depends.items():
+        if deps - set(global_grads) and deps & set(global_grads):
+            raise ModelError(f"gradient transform op {op.name!r} combines gradients of variables in different "
+                             "pipeline stages (e.g. clip_by_global_norm over all variables); dsp updates each "
+                             "stage on its own rank. Transform each variable's gradient alone or use --strategy hybrid")
 
 
 def _inputs_read(ops: set) -> List[tf.Tensor]:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import WRITE_OPS
+from parallax_tf.training_graph import ancestors as training_graph_ancestors
 
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
 
@@ -59,6 +60,23 @@ def without(target, dropped: set, gradient_ops: set, token: tf.Operation, throug
     if target not in dropped:
         return target
     return tf.group(token, *sorted(waited_for(target), key=lambda o: o.name))
+
+
+def update_without(training, target, theirs: set, global_grads: dict, token_name: str, check=None) -> tf.Operation:
+    """The model's own train op `target` updating only this rank's variables: its transform and
+    applies read `global_grads` (variable op name -> gradient) and every op writing one of
+    `theirs` (variable and slot op names another rank updates) is dropped, together with the
+    other side's work it computes from. `check(transform, needed)`, if given, sees the transform
+    and what the step still runs before anything is rewired."""
+    from rewriters import transform as transform_lib
+    needed = training_graph_ancestors(target)
+    transform = transform_lib.analyse(training, needed)
+    gradient_ops = set(transform.depends)
+    dropped = {op for op in needed if writes(op, theirs)}
+    if check is not None:
+        check(transform, needed_without(target, dropped, gradient_ops, through_inputs=False) - dropped)
+    transform_lib.feed_global_gradients(transform, global_grads, needed)
+    return without(target, dropped, gradient_ops, tf.no_op(name=token_name), through_inputs=False)
 
 
 def variable_and_slot_ops(training, parts: dict, names: set) -> set:

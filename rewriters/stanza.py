@@ -38,7 +38,7 @@ from rewriters import exchange, graph_copy, transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, gradients, rebuild,
                               step_report, tensor_bytes)
-from rewriters.pruning import needed_without, variable_and_slot_ops, without, writes
+from rewriters.pruning import update_without, variable_and_slot_ops
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
@@ -69,13 +69,8 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     other_side = set(rebuilt.parts) - head if on_fc else head
     other_state = _state_names(plan) - head_state if on_fc else head_state
     theirs = variable_and_slot_ops(training, rebuilt.parts, other_side) | other_state
-    transform = transform_lib.analyse(training, ancestors(target))
-    gradient_ops = set(transform.depends)
-    dropped = {op for op in ancestors(target) if writes(op, theirs)}
-    step_needs = needed_without(target, dropped, gradient_ops, through_inputs=False) - dropped
-    _check_transform(transform, step_needs, rebuilt, other_side)
-    transform_lib.feed_global_gradients(transform, built.global_grads, ancestors(target))
-    step = without(target, dropped, gradient_ops, tf.no_op(name="parallax_stanza_token"), through_inputs=False)
+    step = update_without(training, target, theirs, built.global_grads, "parallax_stanza_token",
+                          check=lambda transform, needs: _check_transform(transform, needs, rebuilt, other_side))
     _check_no_data_needed(step, on_fc)
     report, request_checkpoint, report_routes = step_report(built.loss_share, built.bytes, topo.size)
     local = tf.compat.v1.global_variables()
