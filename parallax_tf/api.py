@@ -125,7 +125,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
                     step_times=stats.times,
                     examples_per_step=stats.examples // max(1, len(stats.times)),
-                    cpu_s_per_step=cpu / max(1, len(stats.times)),
+                    cpu_s_per_step=cpu / max(1, len(stats.times)), step_cpu_s=stats.cpu_times,
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
                     checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
@@ -192,8 +192,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     text = None
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
-                         int(opts.partition_threshold_mb * 2**20), opts.local_aggregation,
-                         cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.route_options())
+                         opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.route_options())
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -203,8 +202,8 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
-    plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions,
-                     int(opts.partition_threshold_mb * 2**20), opts.local_aggregation, cost_cluster(opts, 1, ranks),
+    plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
+                     cost_cluster(opts, 1, ranks),
                      opts.route_options())
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
@@ -212,13 +211,16 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
 
 
 def cost_cluster(opts, hosts: int, ranks_per_host: int):
-    """The cluster --strategy=auto plans for: flags, else what tools.cluster says it emulates."""
-    from parallax_tf import costmodel
+    """The cluster the cost model plans for (--strategy=auto's routes, every PS variable's shard
+    count): flags, else what tools.cluster says it emulates; constants from the calibration file."""
+    from parallax_tf import calibration, costmodel
     bandwidth = opts.link_bandwidth or os.environ.get("PARALLAX_LINK_BANDWIDTH") or "10gbit"
     delay = opts.link_delay or os.environ.get("PARALLAX_LINK_DELAY") or "0.05ms"
     try:
-        return costmodel.Cluster(hosts, ranks_per_host, costmodel.parse_rate(bandwidth), costmodel.parse_delay(delay),
-                                 cores=int(os.environ["PARALLAX_CORES"]) if "PARALLAX_CORES" in os.environ else None)
+        return costmodel.Cluster.calibrated(
+            hosts, ranks_per_host, costmodel.parse_rate(bandwidth), costmodel.parse_delay(delay),
+            cores=int(os.environ["PARALLAX_CORES"]) if "PARALLAX_CORES" in os.environ else None,
+            calibration=calibration.load(opts.calibration))
     except ValueError as err:
         raise ConfigError(f"--link_bandwidth/--link_delay: {err}") from None
 

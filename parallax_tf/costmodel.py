@@ -17,7 +17,10 @@ import dataclasses
 import re
 from typing import Dict, List, Optional, Tuple
 
+from parallax_tf.calibration import Calibration, load as load_calibration
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+
+_DEFAULTS = Calibration()
 
 INDEX_BYTES = 8
 
@@ -28,15 +31,22 @@ class Cluster:
     ranks_per_host: int = 1
     bandwidth_bytes_per_s: float = 100e6 / 8
     delay_s: float = 0.0                 # one way, per link
-    message_overhead_s: float = 150e-6   # what a server spends per RPC it handles
-    rpc_overhead_s: float = 1e-3         # fixed cost of one PS round trip on a worker
+    message_overhead_s: float = _DEFAULTS.message_overhead_s   # what a server spends per RPC it handles
+    rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
-    # CPU one rank spends per step besides its compute: TF's executor and session, Horovod; and
-    # per PS task its graph runs a partition on. Measured on 8 emulated hosts sharing 2 cores
-    # (lm, 1, 2 and 8 shards per table: 125, 154, 243ms per step); they bind only when more
-    # ranks than cores share the machine.
-    runtime_cpu_s: float = 0.020
-    task_cpu_s: float = 0.0036
+    # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), and
+    # per PS task its graph runs a partition on; they bind only when more ranks than cores share
+    # the machine. All four constants come from tools.calibrate (parallax_tf.calibration).
+    runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
+    task_cpu_s: float = _DEFAULTS.task_cpu_s
+    calibration: str = _DEFAULTS.source
+
+    @classmethod
+    def calibrated(cls, hosts: int, ranks_per_host: int, bandwidth_bytes_per_s: float, delay_s: float = 0.0,
+                   cores: Optional[int] = None, calibration: Optional[Calibration] = None) -> "Cluster":
+        calibration = calibration or load_calibration()
+        return cls(hosts, ranks_per_host, bandwidth_bytes_per_s, delay_s, cores=cores,
+                   calibration=calibration.source, **calibration.constants())
 
     @property
     def ranks(self) -> int:
@@ -172,17 +182,37 @@ def candidates(load: Load, cluster: Cluster) -> List[Choice]:
     return options
 
 
-def choose(loads: List[Load], cluster: Cluster, compute_s: float) -> Dict[str, Choice]:
+CHOICE_MARGIN = 0.01      # predicted steps this close count as equal
+
+
+def choose(loads: List[Load], cluster: Cluster, compute_s: float,
+           routes: Optional[Dict[str, str]] = None) -> Dict[str, Choice]:
     """Per variable, the route (and shard count) that minimises the predicted step time, by
-    coordinate descent from the Parallax rule (sparse on PS over every host, dense AllReduce)."""
-    choices = {l.name: (Choice(ROUTE_PS, cluster.hosts) if l.gradient == "sparse" else Choice(ROUTE_ALLREDUCE))
-               for l in loads}
+    coordinate descent from the Parallax rule (sparse on PS over every host, dense AllReduce).
+    With `routes` (name -> route, as a strategy fixed them) only the shard counts of sparse PS
+    variables are chosen."""
+    def start(load: Load) -> Choice:
+        route = routes[load.name] if routes else (ROUTE_PS if load.gradient == "sparse" else ROUTE_ALLREDUCE)
+        return Choice(route, cluster.hosts if route == ROUTE_PS and load.gradient == "sparse" else 1)
+
+    def options(load: Load) -> List[Choice]:
+        if routes is None:
+            return candidates(load, cluster)
+        if routes[load.name] != ROUTE_PS or load.gradient != "sparse":
+            return [start(load)]
+        return [c for c in candidates(load, cluster) if c.route == ROUTE_PS]
+
+    choices = {l.name: start(l) for l in loads}
     for _ in range(3):
         changed = False
         for load in sorted(loads, key=lambda l: -l.bytes):
-            best = min(candidates(load, cluster),
-                       key=lambda c: (predict(loads, {**choices, load.name: c}, cluster, compute_s).step_s,
-                                      c.route != choices[load.name].route, c.partitions))
+            step = {i: predict(loads, {**choices, load.name: c}, cluster, compute_s).step_s
+                    for i, c in enumerate(options(load))}
+            fastest = min(step.values())
+            # within the margin of the fastest: keep the route, then the fewest shards (each
+            # one more task every step runs on, for a gain the model cannot resolve)
+            best = min((c for i, c in enumerate(options(load)) if step[i] <= fastest * (1 + CHOICE_MARGIN)),
+                       key=lambda c: (c.route != choices[load.name].route, c.partitions))
             if best != choices[load.name]:
                 choices[load.name], changed = best, True
         if not changed:

@@ -16,8 +16,11 @@ flags.DEFINE_integer("np", None, "Ranks to launch locally when not under horovod
 flags.DEFINE_integer("steps", 100, "Training steps.")
 flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
 flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
-flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: from the plan).")
-flags.DEFINE_float("partition_threshold_mb", 8.0, "Sparse variables larger than this are sharded.")
+flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: the count with the "
+                     "shortest step the cost model predicts).")
+flags.DEFINE_string("calibration", None, "The cost model's machine constants, written by python -m tools.calibrate "
+                    "(default: $PARALLAX_CALIBRATION, else ~/.cache/parallax_tf/calibration.json; built-in "
+                    "defaults when there is no file).")
 flags.DEFINE_bool("local_aggregation", True, "Sum sparse gradients of a host's ranks before sending.")
 flags.DEFINE_integer("port", None, "First port to try for the TF servers (default: any free port).")
 flags.DEFINE_string("bind_address", None, "Address the TF servers bind to (default: loopback when "
@@ -73,7 +76,7 @@ class Options:
     log_every: int
     plan_only: bool
     partitions: Optional[int]
-    partition_threshold_mb: float
+    calibration: Optional[str]
     local_aggregation: bool
     port: Optional[int]
     bind_address: Optional[str]

@@ -17,9 +17,11 @@ SPLIT_ELEMENTS = 1 << 16
 
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
-              partitions: Optional[int] = None, partition_threshold_bytes: int = 8 * 2**20,
-              local_aggregation: bool = True, cost_cluster=None, route_options: Optional[dict] = None) -> Plan:
-    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for;
+              partitions: Optional[int] = None, local_aggregation: bool = True, cost_cluster=None,
+              route_options: Optional[dict] = None) -> Plan:
+    """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for and what the
+    shard count of every sparse PS variable is chosen for (default: num_hosts hosts at the
+    cost model's defaults); `partitions` forces that count;
     `route_options` maps a route to the options its variables carry in their params (Slim-DP's
     on "significant", PS+'s on "async_ps")."""
     route_options = route_options or {}
@@ -33,8 +35,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     stanza = _auto_stanza(capture, cost_cluster, auto) if auto else None
     if stanza is not None:          # the cost model prefers layer separation: plan that instead
         fc_nodes, why = stanza
-        plan = make_plan(capture, "stanza", num_ranks, num_hosts, partitions, partition_threshold_bytes,
-                         local_aggregation, route_options={**route_options, ROUTE_FC_NODE: {
+        plan = make_plan(capture, "stanza", num_ranks, num_hosts, partitions, local_aggregation, cost_cluster,
+                         route_options={**route_options, ROUTE_FC_NODE: {
                              **route_options.get(ROUTE_FC_NODE, {}), "fc_nodes": fc_nodes}})
         for entry in plan.variables:
             entry.reason = f"auto chose stanza ({why}): {entry.reason}"
@@ -42,13 +44,15 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
     pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
     stage_of = {name: stage.index for stage in pipeline.stages for name in stage.variables} if pipeline else {}
+    decided = []
     for info in capture.variables:
         route, reason = auto[info.name] if auto else _route(strategy, info, split, capture.head)
         if pipeline is not None:
             route, reason = _stage_route(info, stage_of, pipeline)
-        count = None
-        if auto:
-            route, count = route.route, route.partitions
+        decided.append((info, route.route if auto else route, reason))
+    counts = {n: (c.partitions, "the cost model") for n, (c, _) in auto.items()} if auto else \
+        _modelled_partitions(capture, {i.name: r for i, r, _ in decided}, num_ranks, num_hosts, cost_cluster)
+    for info, route, reason in decided:
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned)
@@ -60,8 +64,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         if split is not None:        # who shares the variable: the FC nodes, or the conv nodes
             entry.params["ranks"] = split.fc_ranks if route == ROUTE_FC_NODE else split.conv_ranks
         if route in (ROUTE_PS, ROUTE_ASYNC_PS):
-            forced = partitions if partitions is not None else count
-            _shard(entry, info, forced, partition_threshold_bytes, num_hosts, server_load)
+            count = (partitions, "--partitions") if partitions is not None else counts.get(info.name, (1, ""))
+            _shard(entry, info, count, num_hosts, server_load)
         if route == ROUTE_ASYNC_PS:
             _async_copies(entry)
         elif route == ROUTE_SIGNIFICANT:
@@ -117,7 +121,9 @@ def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatche
                       cut=list(capture.head.cut), microbatches=microbatches)
 
 
-MEASUREMENTS = {"auto": {"time_compute": True}, "dsp": {"pipeline": True}}
+# the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute
+MEASUREMENTS = {"auto": {"time_compute": True}, "hybrid": {"time_compute": True}, "ps": {"time_compute": True},
+                "ps_plus": {"time_compute": True}, "dsp": {"pipeline": True}}
 
 
 def measurements(strategy: str) -> dict:
@@ -252,12 +258,12 @@ def _route(strategy: str, info: VariableInfo, split: Optional[LayerSplit] = None
     return ROUTE_ALLREDUCE, "dense gradient: ring AllReduce moves 2(N-1)/N of it with no hotspot"
 
 
-def _shard(entry: VariablePlan, info: VariableInfo, partitions, threshold, num_hosts, load) -> None:
+def _shard(entry: VariablePlan, info: VariableInfo, count, num_hosts, load) -> None:
     if info.user_partitioned:
         pieces = list(zip(info.part_names, info.part_rows))
         entry.reason += f"; the model partitioned it into {len(pieces)}"
     else:
-        count = _partition_count(info, partitions, threshold, num_hosts, entry)
+        count = _partition_count(info, count, entry)
         rows = info.shape[0] if info.shape else 1
         sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
         names = [f"{info.name}/part_{i}" for i in range(count)] if count > 1 else [info.name]
@@ -305,23 +311,43 @@ def _split_elements(entry: VariablePlan, info: VariableInfo, num_hosts: int, loa
         entry.reason += f"; global copy split over {count} servers"
 
 
-def _partition_count(info: VariableInfo, partitions, threshold, num_hosts, entry) -> int:
+def _partition_count(info: VariableInfo, count, entry) -> int:
+    """`count`: (shards wanted, who wants them)."""
+    wanted, by = count
     rows = info.shape[0] if info.shape else 1
     if info.gradient != "sparse" or rows < 2:
         return 1
     if not info.from_get_variable:
-        if partitions and partitions > 1:
+        if wanted > 1:
             entry.reason += "; not partitioned: created by tf.Variable (use get_variable to partition)"
         return 1
-    if partitions is not None:
-        entry.reason += f"; {partitions} partitions (--partitions or the cost model)"
-        return min(partitions, rows)
-    if info.bytes <= threshold:
-        return 1
-    # Enough shards that each is under the threshold, spread evenly over the servers.
-    count = num_hosts * math.ceil(info.bytes / (threshold * num_hosts))
-    entry.reason += f"; {count} partitions: {info.bytes / 2**20:.0f}MB over a {threshold / 2**20:.0f}MB threshold"
-    return min(count, rows)
+    if by:
+        entry.reason += f"; {min(wanted, rows)} partition(s) ({by})"
+    return min(wanted, rows)
+
+
+def _modelled_partitions(capture: Capture, routes: dict, num_ranks: int, num_hosts: int, cluster) -> dict:
+    """Shard count of each sparse PS variable: the one with the shortest predicted step on
+    `cluster` (costmodel.choose with the routes fixed), with why."""
+    from parallax_tf import costmodel
+    as_ps = {name: ROUTE_PS if route in (ROUTE_PS, ROUTE_ASYNC_PS) else route for name, route in routes.items()}
+    if not any(r == ROUTE_PS and i.gradient == "sparse" for i in capture.variables for r in [as_ps[i.name]]):
+        return {}
+    cluster = cluster or costmodel.Cluster(num_hosts, max(1, -(-num_ranks // num_hosts)))
+    loads = costmodel.loads_from(capture)
+    compute = capture.compute_s or 0.0
+    choices = costmodel.choose(loads, cluster, compute, routes=as_ps)
+    out = {}
+    for load in loads:
+        if as_ps[load.name] != ROUTE_PS or load.gradient != "sparse":
+            continue
+        predicted = {c.partitions: costmodel.predict(loads, {**choices, load.name: c}, cluster, compute).step_s
+                     for c in costmodel.candidates(load, cluster) if c.route == ROUTE_PS}
+        chosen = choices[load.name].partitions
+        others = ", ".join(f"{p}: {s * 1000:.1f}ms" for p, s in sorted(predicted.items()) if p != chosen)
+        out[load.name] = (chosen, f"cost model: predicted step {predicted[chosen] * 1000:.1f}ms"
+                                  f"{'; ' + others if others else ''}; constants: {cluster.calibration}")
+    return out
 
 
 def estimate_bytes_per_step(entry: VariablePlan, info: VariableInfo, num_ranks: int) -> int:

@@ -75,7 +75,7 @@ def test_resume_on_a_different_number_of_ranks():
 @pytest.mark.parametrize("case", ["partitioned", "auto_mod", "mixed_adam"])
 def test_plain_saver_restores_into_the_single_device_graph(case):
     ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
-    ranks = _train(2, case, out, "--steps=3", f"--ckpt_dir={ckpt}", "--partition_threshold_mb=0.0001")
+    ranks = _train(2, case, out, "--steps=3", f"--ckpt_dir={ckpt}", "--partitions=4")
     _, model, optimizer, _ = cases.CASE_BY_NAME[case]
     want = reference.train_single_device(model, optimizer, 2, steps=3, with_slots=True)
     graph = tf.Graph()

@@ -57,16 +57,24 @@ def test_routes_per_strategy(strategy, emb_route, w_route):
     assert plan["emb"].route == emb_route and plan["w"].route == w_route
 
 
-def test_sharding_threshold_override_and_server_spread():
+def test_shard_count_from_the_cost_model_override_and_server_spread():
+    from parallax_tf.costmodel import Cluster
     captured = _capture("mixed")
-    small = make_plan(captured, "hybrid", 4, 2).by_name()["emb"]
-    assert small.partitions == 1                      # 320 bytes: under the threshold
-    big = make_plan(captured, "hybrid", 4, 2, partition_threshold_bytes=100).by_name()["emb"]
-    assert big.partitions == 4 and sorted({s.server for s in big.shards}) == [0, 1]
-    assert [s.row_end - s.row_start for s in big.shards] == [5, 5, 5, 5]
-    forced = make_plan(captured, "hybrid", 4, 2, partitions=3).by_name()["emb"]
+    one_host = make_plan(captured, "hybrid", 4, 1).by_name()["emb"]
+    assert one_host.partitions == 1 and "cost model: predicted step" in one_host.reason   # nothing to spread
+    slow_links = Cluster(2, 2, bandwidth_bytes_per_s=1e3)          # every byte counts: spread over both hosts
+    spread = make_plan(captured, "hybrid", 4, 2, cost_cluster=slow_links).by_name()["emb"]
+    assert spread.partitions == 2 and sorted(s.server for s in spread.shards) == [0, 1], spread
+    assert "2 partition(s) (cost model: predicted step" in spread.reason
+    busy_cpus = Cluster(2, 2, bandwidth_bytes_per_s=1e3, cores=1, task_cpu_s=10.0)   # each PS task costs 10s
+    assert make_plan(captured, "hybrid", 4, 2, cost_cluster=busy_cpus).by_name()["emb"].partitions == 1
+    forced = make_plan(captured, "hybrid", 4, 2, partitions=3, cost_cluster=slow_links).by_name()["emb"]
     assert [(s.row_start, s.row_end) for s in forced.shards] == [(0, 7), (7, 14), (14, 20)]
     assert [s.name for s in forced.shards] == ["emb/part_0", "emb/part_1", "emb/part_2"]
+    assert "3 partition(s) (--partitions)" in forced.reason
+    even = make_plan(captured, "hybrid", 4, 2, partitions=4).by_name()["emb"]
+    assert [s.row_end - s.row_start for s in even.shards] == [5, 5, 5, 5]
+    assert sorted({s.server for s in even.shards}) == [0, 1]
 
 
 def test_tf_variable_is_never_partitioned_and_says_why():
@@ -97,12 +105,13 @@ def test_plan_round_trips_json_and_prints_a_table():
     assert "emb       21x4" in table and "3 (user)" in table
 
 
-def test_lm_plan_only_puts_embedding_and_softmax_on_sharded_ps():
+def test_lm_plan_only_puts_embedding_and_softmax_on_ps():
     proc = launch.run_ranks(1, ["-m", "models.lm", "--plan_only", "--np=2"], launcher="python", timeout=180)
     assert proc.returncode == 0, launch.tail(proc)
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line[:1].isalpha()}
-    assert rows["embedding"][3:7] == ["sparse", "embedding", "ps", "2"], rows["embedding"]
-    assert rows["softmax_w"][3:7] == ["sparse", "softmax", "ps", "2"], rows["softmax_w"]
+    # one host: shards could only add tasks, so the cost model keeps each table whole
+    assert rows["embedding"][3:7] == ["sparse", "embedding", "ps", "1"], rows["embedding"]
+    assert rows["softmax_w"][3:7] == ["sparse", "softmax", "ps", "1"], rows["softmax_w"]
     assert rows["lstm/kernel"][3:6] == ["dense", "recurrent", "allreduce"]
 
 

@@ -35,7 +35,8 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0) -> dict:
 def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
     placeholders = _needed_placeholders(model.loss)
-    times, examples = [], 0
+    times, cpu_times, examples = [], [], 0
+    cpu_mark = time.process_time()       # CPU per step as parallax_tf counts it: the loop's too
     link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
     for step in range(steps):
         ctx.step = step
@@ -43,6 +44,8 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
         begin = time.perf_counter()
         more = sess_run(feeds)
         times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu_mark)
+        cpu_mark = time.process_time()
         examples = session_lib.batch_size(feeds) * ctx.size
         if more is False:
             break
@@ -52,7 +55,7 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
         import horovod.tensorflow as hvd
         hvd.allgather_object(None)
-    return {"step_times": times, "examples_per_step": examples,
+    return {"step_times": times, "examples_per_step": examples, "step_cpu_s": cpu_times,
             "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
 
 

@@ -5,7 +5,9 @@
 
 Every strategy trains the same model with the same per-rank batches on the same cluster, one
 after another. Prints a table (examples/s, step time, bytes per step on the wire, the plan's
-lower bound, ratios to each baseline), writes JSON and a PNG plot."""
+lower bound, ratios to each baseline; CPU per step per rank: the process's, all threads, its PS
+server's included, and that minus the single-process run's = the runtime's), writes JSON and a
+PNG plot."""
 from __future__ import annotations
 
 import json
@@ -85,8 +87,9 @@ def summarise(ranks) -> dict:
 
 def table(results: dict) -> str:
     baselines = [b for b in BASELINE_NAMES if b in results and "error" not in results[b]]
-    header = ["strategy", "examples/s", "step ms", "wire B/step/rank", "graph B/step", "dense B/step", "lower bound",
-              "wire/LB", "held-out loss"] + [f"vs {b}" for b in baselines]
+    single = results.get("single", {}).get("cpu_s_per_step_per_rank")
+    header = ["strategy", "examples/s", "step ms", "CPU ms/step/rank", "runtime CPU ms", "wire B/step/rank",
+              "graph B/step", "dense B/step", "lower bound", "wire/LB", "held-out loss"] + [f"vs {b}" for b in baselines]
     rows = [header]
     for name, r in results.items():
         if "error" in r:
@@ -96,7 +99,10 @@ def table(results: dict) -> str:
         routes = r.get("bytes_by_route") or {}
         dense = dense_bytes(routes)
         loss = r.get("held_out_loss")
-        rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}", fmt_bytes(wire),
+        cpu = r.get("cpu_s_per_step_per_rank")
+        rows.append([name, f"{r['examples_per_s']:,.0f}", f"{r['step_s'] * 1000:.1f}",
+                     f"{cpu * 1000:.1f}" if cpu is not None else "-",
+                     f"{(cpu - single) * 1000:.1f}" if cpu is not None and single is not None else "-", fmt_bytes(wire),
                      fmt_bytes(r.get("reported_bytes_per_step")), fmt_bytes(dense), fmt_bytes(lb),
                      f"{wire / lb:.2f}" if wire and lb else "-", f"{loss:.4f}" if loss is not None else "-"]
                     + [f"{r['examples_per_s'] / results[b]['examples_per_s']:.2f}x" for b in baselines])

@@ -72,7 +72,7 @@ def train_and_measure() -> dict:
     else:
         result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0)
         figures = {"step_times": result.step_times, "link_bytes": result.link_bytes,
-                   "examples_per_step": result.examples_per_step, "cpu_s_per_step": result.cpu_s_per_step}
+                   "examples_per_step": result.examples_per_step, "step_cpu_s": result.step_cpu_s}
         reported = float(sum(result.bytes_per_step.values()))
         figures["wall"] = {"train_start_unix": time.time() - result.wall_time_s, "wall_s": result.wall_time_s,
                            "global_step": result.global_step, "local_steps": len(result.step_times)}
@@ -82,12 +82,14 @@ def train_and_measure() -> dict:
         if rank == 0:
             figures["held_out_loss"] = held_out_loss(model_fn, input_fn, result.variables)
     times = figures["step_times"][FLAGS.warmup:]
+    # this process's CPU (all threads, its PS server's too) per timed step
+    cpu = figures["step_cpu_s"][FLAGS.warmup:]
     link = figures["link_bytes"]
     # the mean, not the median: a strategy that communicates every few steps (slim_dp rounds)
     # pays for it on those steps only
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
-              "cpu_s_per_step": figures.get("cpu_s_per_step"), **figures.get("wall", {}),
+              "cpu_s_per_step": float(np.mean(cpu)) if cpu else None, **figures.get("wall", {}),
               "losses": figures.get("losses"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps

@@ -17,6 +17,8 @@ from parallax_tf.plan import human_bytes
 class StepStats:
     def __init__(self):
         self.times: List[float] = []
+        self.cpu_times: List[float] = []                # this process's CPU (all threads) per step
+        self._cpu_mark = time.process_time()
         self.bytes: Dict[str, List[int]] = {}           # this rank's
         self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together
         self.lower_bound: List[int] = []
@@ -29,6 +31,9 @@ class StepStats:
     def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
             cluster_moved: Optional[Dict[str, int]] = None) -> None:
         self.times.append(seconds)
+        now = time.process_time()
+        self.cpu_times.append(now - self._cpu_mark)
+        self._cpu_mark = now
         self.examples += examples
         self.lower_bound.append(int(lower_bound))
         for route, n in moved.items():

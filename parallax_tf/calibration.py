@@ -1,0 +1,63 @@
+"""The cost model's machine constants, measured by `python -m tools.calibrate` on the machine
+the planner runs on and read back from a JSON file; the defaults when there is none.
+
+Where the file is: --calibration, else $PARALLAX_CALIBRATION, else
+~/.cache/parallax_tf/calibration.json."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+from parallax_tf.errors import ConfigError
+
+DEFAULT_PATH = os.path.join(os.path.expanduser("~"), ".cache", "parallax_tf", "calibration.json")
+
+
+@dataclasses.dataclass
+class Calibration:
+    # CPU one rank spends per step besides its model's compute (TF's executor and session,
+    # Horovod, the loop) and per PS task its step runs a partition on
+    runtime_cpu_s: float = 0.020
+    task_cpu_s: float = 0.0036
+    # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
+    message_overhead_s: float = 150e-6
+    rpc_overhead_s: float = 1e-3
+    source: str = "defaults (no calibration file; run python -m tools.calibrate)"
+    measured: dict = dataclasses.field(default_factory=dict)   # the runs the constants come from
+
+    def constants(self) -> dict:
+        return {f: getattr(self, f) for f in ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")}
+
+
+def path(flag_value: Optional[str] = None) -> str:
+    return flag_value or os.environ.get("PARALLAX_CALIBRATION") or DEFAULT_PATH
+
+
+def load(where: Optional[str] = None) -> Calibration:
+    """The calibration at `where` (see path()); the defaults when no file is there."""
+    where = path(where)
+    if not os.path.exists(where):
+        return Calibration()
+    try:
+        with open(where) as f:
+            data = json.load(f)
+        got = Calibration(**{k: float(data[k]) for k in Calibration().constants()}, source=where,
+                          measured=data.get("measured", {}))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"calibration file {where} is unreadable ({err!r}); run python -m tools.calibrate "
+                          "again or delete it to use the defaults") from None
+    negative = [k for k, v in got.constants().items() if not v >= 0]
+    if negative:
+        raise ConfigError(f"calibration file {where}: {', '.join(negative)} must be >= 0; run "
+                          "python -m tools.calibrate again")
+    return got
+
+
+def save(calibration: Calibration, where: Optional[str] = None) -> str:
+    where = path(where)
+    os.makedirs(os.path.dirname(os.path.abspath(where)), exist_ok=True)
+    with open(where, "w") as f:
+        json.dump({**calibration.constants(), "measured": calibration.measured}, f, indent=1)
+    return where

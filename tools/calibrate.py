@@ -1,0 +1,140 @@
+"""Measures the cost model's machine constants on this machine and writes the file the planner
+reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
+~/.cache/parallax_tf/calibration.json).
+
+    python -m tools.calibrate                 # lm on 8 emulated hosts, ~3 minutes
+
+  rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
+                       reading a 4-byte variable on a PS task in another process, 300 times
+  message_overhead_s   that PS process's CPU time per request it served (from /proc)
+  runtime_cpu_s        CPU one rank spends per step besides its model's compute, and
+  task_cpu_s           per PS task its step runs on: hybrid on --cal_hosts emulated hosts
+                       with every table in 1 shard and in --cal_hosts shards, per-rank CPU per
+                       step = single-process CPU + runtime + task x (tasks the step runs on),
+                       two runs, two unknowns
+These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from parallax_tf import calibration as calibration_lib
+from parallax_tf import costmodel
+from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibration, ...)
+from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
+from tools import shared  # noqa: F401  (--model, --warmup)
+
+flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the two hybrid runs.")
+flags.DEFINE_string("cal_bandwidth", "1gbit", "Their link rate (fast: the runs measure CPU, not links).")
+flags.DEFINE_integer("cal_round_trips", 300, "PS round trips timed.")
+FLAGS = flags.FLAGS
+
+PS_SERVER = """
+import sys, tensorflow as tf
+spec = tf.train.ClusterSpec({"ps": [sys.argv[1]], "worker": [sys.argv[2]]})
+tf.distribute.Server(spec, job_name="ps", task_index=0, start=True).join()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime
+
+
+def measure_round_trips(count: int) -> dict:
+    """(wall per round trip, PS CPU per request) through TF's gRPC runtime, PS in its own process."""
+    import tensorflow as tf
+    ps, worker = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    server = subprocess.Popen([sys.executable, "-c", PS_SERVER, ps, worker],
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        spec = tf.train.ClusterSpec({"ps": [ps], "worker": [worker]})
+        local = tf.distribute.Server(spec, job_name="worker", task_index=0, start=True)
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf.compat.v1.device("/job:ps/task:0"):
+                value = tf.compat.v1.get_variable("probe", [], initializer=tf.compat.v1.zeros_initializer())
+            with tf.compat.v1.device("/job:worker/task:0"):
+                read = tf.identity(value.read_value())
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=60_000)
+        with tf.compat.v1.Session(local.target, graph=graph, config=config) as sess:
+            sess.run(value.initializer)
+            for _ in range(20):                      # connections and graph registration
+                sess.run(read)
+            cpu_before, began = _cpu_s(server.pid), time.perf_counter()
+            for _ in range(count):
+                sess.run(read)
+            wall, cpu = time.perf_counter() - began, _cpu_s(server.pid) - cpu_before
+        return {"rpc_overhead_s": wall / count, "message_overhead_s": cpu / count, "round_trips": count}
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def measure_runtime_cpu(model: str, hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
+    """runtime_cpu_s and task_cpu_s from a single-process run and two hybrid runs."""
+    from parallax_tf.inspect_graph import capture
+    from parallax_tf.model import RunContext
+    from parallax_tf.planner import make_plan
+    from tools.shared import model_and_input
+    model_fn, input_fn = model_and_input(model)
+    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
+    loads = costmodel.loads_from(captured)
+    single = bench.run_strategy("single", 1, 1, "", "", model, steps, warmup)
+    if "error" in single:
+        raise SystemExit(f"tools.calibrate: the single-process run failed: {single['error']}")
+    runs = {"single": {"cpu_s_per_step": single["cpu_s_per_step_per_rank"], "step_s": single["step_s"]}}
+    cluster = costmodel.Cluster(hosts)
+    for shards in sorted({1, hosts}):
+        plan = make_plan(captured, "hybrid", hosts, hosts, partitions=shards)
+        choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
+        got = bench.run_strategy("hybrid", hosts, 1, bandwidth, "0ms", model, steps, warmup,
+                                 extra_flags=[f"--partitions={shards}"])
+        if "error" in got:
+            raise SystemExit(f"tools.calibrate: hybrid with {shards} shard(s) failed: {got['error']}")
+        runs[f"hybrid_{shards}"] = {"partitions": shards, "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
+                                    "cpu_s_per_step": got["cpu_s_per_step_per_rank"], "step_s": got["step_s"]}
+    few, many = runs["hybrid_1"], runs[f"hybrid_{hosts}"]
+    tasks = many["ps_tasks"] - few["ps_tasks"]
+    task = (many["cpu_s_per_step"] - few["cpu_s_per_step"]) / tasks if tasks else 0.0
+    runtime = few["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"] - task * few["ps_tasks"]
+    # noise can make a difference negative; the model needs costs, so they are floored at 0
+    # and the raw figures stay in the file
+    return {"runtime_cpu_s": max(0.0, runtime), "task_cpu_s": max(0.0, task),
+            "fit": {"runtime_cpu_s": runtime, "task_cpu_s": task}, "runs": runs, "model": model, "hosts": hosts,
+            "bandwidth": bandwidth, "steps": steps, "warmup": warmup}
+
+
+def main(argv):
+    trips = measure_round_trips(FLAGS.cal_round_trips)
+    print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
+          f"server CPU ({trips['round_trips']} reads)", flush=True)
+    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup)
+    for name, run in cpu["runs"].items():
+        tasks = f", {run['ps_tasks']} PS task(s)" if "ps_tasks" in run else ""
+        print(f"{name:>10}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{tasks}", flush=True)
+    got = calibration_lib.Calibration(
+        runtime_cpu_s=cpu["runtime_cpu_s"], task_cpu_s=cpu["task_cpu_s"],
+        message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
+        measured={"round_trips": trips, "cpu": {k: v for k, v in cpu.items() if k not in ("runtime_cpu_s",
+                                                                                            "task_cpu_s")},
+                  "cores": os.cpu_count(), "host": socket.gethostname(), "unix_time": time.time()})
+    where = calibration_lib.save(got, FLAGS.calibration)
+    print(f"wrote {where}: " + json.dumps({k: round(v, 6) for k, v in got.constants().items()}), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
