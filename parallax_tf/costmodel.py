@@ -4,12 +4,14 @@
 Per step, every host link carries (each direction, full duplex):
   AllReduce, dense b bytes        ring over N ranks: 2(N-1)/N * b leaves and enters each host
   allgather, a bytes per rank     ring: (N-1) * a per host
-  PS, P shards over the hosts     each host pushes the union of its ranks' rows and pulls every
-                                  rank's gathered rows; a host serving s of the P shards
+  PS, P shards over the hosts     each host pushes the union of its ranks' rows and every rank
+                                  pulls its distinct rows; a host serving s of the P shards
                                   receives/sends s/P of every other host's share (fan-in)
-The busiest link sets the network time; round trips add latency; each message a server
-handles costs a fixed overhead; compute is the measured single-device time, stretched when
-more ranks than cores share a machine (as on an emulated cluster).
+The busiest link sets the network time; round trips add latency; each graph run a server
+handles costs a fixed overhead; compute is the measured single-device time. A step also takes
+at least the CPU its rank spends (compute, runtime, each PS task it runs on), stretched when
+more ranks than cores share a machine (as on an emulated cluster). The CPU and per-message
+constants come from tools.calibrate.
 """
 from __future__ import annotations
 
@@ -118,8 +120,11 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
     for shard in range(shards):
         served[shard % H] += 1
     if load.gradient == "sparse":
-        push = min(load.rows, L * load.rows_touched) * (load.row_bytes + INDEX_BYTES)
-        pull = L * load.gathered_bytes
+        # up: the host's gradient rows with their ids, and each rank's distinct ids to pull;
+        # down: each rank's distinct rows (duplicates are expanded on the worker)
+        push = min(load.rows, L * load.rows_touched) * (load.row_bytes + INDEX_BYTES) \
+            + L * load.rows_touched * INDEX_BYTES
+        pull = L * load.rows_touched * load.row_bytes
     else:
         push, pull = load.bytes, L * load.bytes
     for host in range(H):
@@ -127,7 +132,8 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
         away = 1 - mine
         tx[host] += away * push + (H - 1) * mine * pull
         rx[host] += away * pull + (H - 1) * mine * push
-        messages[host] += served[host] * (H + N)   # one push per host, one pull per rank, per shard
+        # a rank's step is one graph run per PS task it touches, whatever the shards there
+        messages[host] = N if served[host] else 0
     return tx, rx, messages
 
 
@@ -140,7 +146,7 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         t, r, m = host_traffic(load, choice, cluster)
         tx = [a + b for a, b in zip(tx, t)]
         rx = [a + b for a, b in zip(rx, r)]
-        messages = [a + b for a, b in zip(messages, m)]
+        messages = [max(a, b) for a, b in zip(messages, m)]
         has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
         has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient != "none"
     network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
@@ -150,10 +156,9 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 2 * (N - 1) * hop               # one fused ring AllReduce
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
-    cpu_bound = 0.0
-    if cluster.cores and N > cluster.cores:
-        per_rank = compute_s + cluster.runtime_cpu_s + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster)
-        cpu_bound = N * per_rank / cluster.cores
+    # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
+    per_rank = compute_s + cluster.runtime_cpu_s + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster)
+    cpu_bound = per_rank * max(1.0, N / cluster.cores) if cluster.cores else per_rank
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound)
@@ -278,10 +283,11 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)
     # the FC nodes' AllReduce overlaps the conv nodes' backward (~2/3 of their compute) and theirs
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
-    cpu_bound = 0.0
+    # as predict(): at least each node's own CPU work, the ranks' together when they share cores
+    cpu_bound = max(conv_compute, fc_compute) + cluster.runtime_cpu_s
     if cluster.cores and cluster.ranks > cluster.cores:
         cpu = conv * (conv_compute + cluster.runtime_cpu_s) + fc_nodes * (fc_compute + cluster.runtime_cpu_s)
-        cpu_bound = cpu / cluster.cores
+        cpu_bound = max(cpu_bound, cpu / cluster.cores)
     # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
     # round besides the links' delay
     rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)

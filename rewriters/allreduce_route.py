@@ -30,7 +30,8 @@ class AllReduceRoute:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
                 if grad is None:
                     continue
-                self.lower_bound.append(lower_bound_bytes(grad, part.variable, size))
+                self.lower_bound.append(lower_bound_bytes(grad, part.variable, size,
+                                                           len(self.request.topology.ranks_per_host)))
                 if isinstance(grad, tf.IndexedSlices):
                     sparse.append((grad, part.variable))
                 else:

@@ -15,6 +15,8 @@ import tensorflow as tf
 
 from rewriters.common import BuildRequest, Rebuilt, ancestors, tensor_bytes
 
+INDEX_BYTES = 8      # an int64 id travels with every row
+
 
 class PSRoute:
     def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, global_step_var):
@@ -42,7 +44,7 @@ class PSRoute:
                 var = part.variable
                 with tf.device(topo.worker_device):
                     grad = combine_duplicates(grad) if isinstance(grad, tf.IndexedSlices) else grad
-                    self.lower_bound.append(lower_bound_bytes(grad, var, topo.size))
+                    self.lower_bound.append(lower_bound_bytes(grad, var, topo.size, len(topo.ranks_per_host)))
                 # the first rank of a host serves that host's shards in-process: no transfer
                 remote = not (server_of(var) == topo.host and topo.local_rank == 0)
                 shared = var.op.name + "/parallax_grad"
@@ -113,13 +115,16 @@ def server_of(var) -> int:
     return tf.DeviceSpec.from_string(var.device).task
 
 
-def lower_bound_bytes(grad, var, num_ranks: int) -> tf.Tensor:
-    """The least one rank must move for this variable per step: a sparse gradient's distinct
-    rows pushed and pulled once; a dense one through ring AllReduce, 2(N-1)/N of its bytes."""
+def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int) -> tf.Tensor:
+    """The least one host's link must send for this variable per step, per rank: a sparse
+    gradient's distinct rows pushed and pulled once with their ids, of which the (H-1)/H not
+    served on the rank's own host cross a link (each host sends its pushes and the pulls it
+    serves); a dense one through ring AllReduce, 2(N-1)/N of its bytes."""
     if isinstance(grad, tf.IndexedSlices):
         rows = tf.cast(tf.size(tf.unique(grad.indices).y, out_type=tf.int64), tf.int64)
         row_bytes = var.dtype.base_dtype.size * max(1, int(tf.TensorShape(var.shape[1:]).num_elements() or 1))
-        return 2 * rows * row_bytes
+        away = (num_hosts - 1) / num_hosts
+        return tf.cast(tf.round(away * tf.cast(2 * rows * (row_bytes + INDEX_BYTES), tf.float64)), tf.int64)
     dense = var.dtype.base_dtype.size * int(var.shape.num_elements())
     return tf.constant(int(2 * (num_ranks - 1) / num_ranks * dense), tf.int64)
 

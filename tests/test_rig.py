@@ -17,9 +17,10 @@ from tests import launch
 from tools import netns
 
 
-def _run(args, timeout=600):
+def _run(args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", *args], cwd=launch.ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, PYTHONPATH=launch.ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=launch.ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+                                                    **(env or {})))
 
 
 def test_two_emulated_hosts_train_and_are_torn_down():
@@ -68,10 +69,10 @@ def test_cost_model_link_traffic():
     assert tx == rx == [2 * 3 / 4 * 4_000_000] * 4                      # ring: 2(N-1)/N of it
     emb = Load("emb", 1000 * 400, "sparse", 400, 1000, rows_touched=10, gathered_bytes=20 * 400)
     tx, rx, messages = costmodel.host_traffic(emb, Choice("ps", 1), cluster)
-    push, pull = 10 * (400 + 8), 20 * 400
+    push, pull = 10 * (400 + 8) + 10 * 8, 10 * 400     # rows + ids and the ids to pull; distinct rows back
     assert rx[0] == 3 * push and tx[0] == 3 * pull                       # one server: fan-in of 3 hosts
     assert rx[1] == pull and tx[1] == push
-    assert messages == [4 + 4, 0, 0, 0]
+    assert messages == [4, 0, 0, 0]                                       # one graph run per rank
     spread, _, _ = costmodel.host_traffic(emb, Choice("ps", 4), cluster)
     assert max(spread) < max(tx)                                          # shards spread the hot spot
     assert costmodel.parse_rate("100mbit") == 12.5e6 and costmodel.parse_delay("2ms") == 0.002
@@ -120,3 +121,20 @@ def test_cpu_quota_flags_are_checked():
         cpu_quota.quotas(2, "-1", {})
     with pytest.raises(ValueError, match="needs a CPU quota"):
         cpu_quota.quotas(2, "off", {1: 2.0})
+
+
+def test_sweep_judges_auto_against_the_best_and_the_cost_model_against_the_run():
+    from tools import sweep
+    cell = {"model": "lm", "hosts": 8, "link": "10mbit", "predicted_s": {"auto": 0.5, "hybrid": 0.5, "horovod": 1.2},
+            "results": {"auto": {"examples_per_s": 900.0, "step_s": 0.4}, "hybrid": {"examples_per_s": 1000.0,
+                        "step_s": 0.4}, "horovod": {"examples_per_s": 300.0, "step_s": 1.0},
+                        "tf_ps": {"error": "exit status 1"}}}
+    verdict = sweep.judge(cell)
+    assert verdict["best"] == "hybrid" and verdict["auto_vs_best"] == pytest.approx(0.9)
+    assert verdict["model_errors"] == pytest.approx({"auto": 0.25, "hybrid": 0.25, "horovod": 0.2})
+    row = sweep.table([cell]).splitlines()[1].split()
+    assert row[:7] == ["lm", "8", "10mbit", "900", "1,000", "300", "failed"] and row[-5:] == [
+        "hybrid", "0.90", "+25%", "+25%", "+20%"]
+    path = os.path.join(tempfile.mkdtemp(), "sweep.png")
+    sweep.heat_map([cell, dict(cell, link="1gbit")], path)
+    assert os.path.getsize(path) > 1000

@@ -21,6 +21,7 @@ from absl import app, flags
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps and the other run flags)
 from tools import cluster
 from tools import shared  # noqa: F401  (--model, --warmup)
+from tools import sweep
 
 flags.DEFINE_list("strategies", ["hybrid", "horovod", "horovod_dense", "tf_ps"], "What to compare.")
 flags.DEFINE_string("json", None, "Write the results here (and a PNG beside it).")
@@ -143,6 +144,9 @@ def fmt_bytes(n):
 
 
 def main(argv):
+    if FLAGS.sweep:
+        sweep.main(run_strategy)
+        return
     info = {"hosts": FLAGS.hosts, "ranks_per_host": FLAGS.ranks_per_host, "bandwidth": FLAGS.bandwidth,
             "delay": FLAGS.delay, "model": FLAGS.model, "steps": FLAGS.steps, "warmup": FLAGS.warmup}
     results = {}

@@ -10,7 +10,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import parallax_tf as ptf  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-VOCAB, DIM, IDS, DISTINCT, STEPS = 1000, 16, 64, 4, 3
+VOCAB, IDS, DISTINCT = 1000, 64, 4
+DIM = int(os.environ.get("PULL_DIM", "16"))          # wide rows: the link counters see the pulls
+STEPS = int(os.environ.get("PULL_STEPS", "3"))
 
 
 def model_fn():
@@ -33,4 +35,5 @@ if __name__ == "__main__":
     result = ptf.run(model_fn, input_fn, steps=STEPS, strategy="hybrid", log_every=0)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-        json.dump({"bytes": result.bytes_per_step, "routes": {v.name: v.route for v in result.plan.variables}}, f)
+        json.dump({"bytes": result.bytes_per_step, "routes": {v.name: v.route for v in result.plan.variables},
+                   "link_bytes": result.link_bytes, "steps": len(result.step_times)}, f)
