@@ -20,7 +20,7 @@ from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, launcher, quiet, session
-from parallax_tf.runtime.hooks import Checkpointer, Progress, StepTracer, Summaries, format_histogram
+from parallax_tf.runtime.hooks import Checkpointer, Progress, StepStats, StepTracer, Summaries, format_histogram
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
 
@@ -88,6 +88,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         link_before = session.link_counters() if topo.local_rank == 0 else None
+        StepStats.profile_threads_from = opts.profile_threads_from
         began, cpu_began = time.perf_counter(), time.process_time()
         train_loop = dgraph.train_loop or session.train
         losses, stats = train_loop(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
@@ -101,6 +102,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             report = dgraph.final_report(sess) if dgraph.final_report else {}
             histograms = report.get("histograms", {})
             stats.extras.update(report.get("extras", {}))
+            if stats.thread_cpu_per_step():
+                stats.extras["thread_cpu_s_per_step"] = stats.thread_cpu_per_step()
             for hook in hooks:
                 hook.final(global_step, histograms)
             if watchdog:            # peers may leave once the barrier below lets them

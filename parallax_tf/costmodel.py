@@ -193,10 +193,11 @@ CHOICE_MARGIN = 0.01      # predicted steps this close count as equal
 def choose(loads: List[Load], cluster: Cluster, compute_s: float,
            routes: Optional[Dict[str, str]] = None) -> Dict[str, Choice]:
     """Per variable, the route (and shard count) that minimises the predicted step time, by
-    coordinate descent from the Parallax rule (sparse on PS over every host, dense AllReduce).
+    coordinate descent from the Parallax rule (sparse on PS over every host, dense AllReduce)
+    and from a few whole-model starts.
     With `routes` (name -> route, as a strategy fixed them) only the shard counts of sparse PS
     variables are chosen."""
-    def start(load: Load) -> Choice:
+    def parallax(load: Load) -> Choice:
         route = routes[load.name] if routes else (ROUTE_PS if load.gradient == "sparse" else ROUTE_ALLREDUCE)
         return Choice(route, cluster.hosts if route == ROUTE_PS and load.gradient == "sparse" else 1)
 
@@ -204,25 +205,37 @@ def choose(loads: List[Load], cluster: Cluster, compute_s: float,
         if routes is None:
             return candidates(load, cluster)
         if routes[load.name] != ROUTE_PS or load.gradient != "sparse":
-            return [start(load)]
+            return [parallax(load)]
         return [c for c in candidates(load, cluster) if c.route == ROUTE_PS]
 
-    choices = {l.name: start(l) for l in loads}
-    for _ in range(3):
-        changed = False
-        for load in sorted(loads, key=lambda l: -l.bytes):
-            step = {i: predict(loads, {**choices, load.name: c}, cluster, compute_s).step_s
-                    for i, c in enumerate(options(load))}
-            fastest = min(step.values())
-            # within the margin of the fastest: keep the route, then the fewest shards (each
-            # one more task every step runs on, for a gain the model cannot resolve)
-            best = min((c for i, c in enumerate(options(load)) if step[i] <= fastest * (1 + CHOICE_MARGIN)),
-                       key=lambda c: (c.route != choices[load.name].route, c.partitions))
-            if best != choices[load.name]:
-                choices[load.name], changed = best, True
-        if not changed:
-            break
-    return choices
+    def descend(choices: Dict[str, Choice]) -> Dict[str, Choice]:
+        for _ in range(3):
+            changed = False
+            for load in sorted(loads, key=lambda l: -l.bytes):
+                step = {i: predict(loads, {**choices, load.name: c}, cluster, compute_s).step_s
+                        for i, c in enumerate(options(load))}
+                fastest = min(step.values())
+                # within the margin of the fastest: keep the route, then the fewest shards (each
+                # one more task every step runs on, for a gain the model cannot resolve)
+                best = min((c for i, c in enumerate(options(load)) if step[i] <= fastest * (1 + CHOICE_MARGIN)),
+                           key=lambda c: (c.route != choices[load.name].route, c.partitions))
+                if best != choices[load.name]:
+                    choices[load.name], changed = best, True
+            if not changed:
+                break
+        return choices
+
+    # one variable at a time cannot see a cost shared by several (a PS task stays in every
+    # step while any variable uses it), so the descent also starts from every variable on one
+    # route; the Parallax rule wins ties
+    starts = [{l.name: parallax(l) for l in loads},
+              {l.name: dataclasses.replace(parallax(l), partitions=1) for l in loads}]
+    if routes is None:
+        starts += [{l.name: Choice(ROUTE_ALLREDUCE) for l in loads},
+                   {l.name: Choice(ROUTE_PS, 1) if l.gradient != "none" else Choice(ROUTE_ALLREDUCE) for l in loads}]
+    results = [descend(start) for start in starts]
+    steps = [predict(loads, r, cluster, compute_s).step_s for r in results]
+    return next(r for r, s in zip(results, steps) if s <= min(steps) * (1 + CHOICE_MARGIN))
 
 
 def loads_from(capture) -> List[Load]:

@@ -39,6 +39,8 @@ flags.DEFINE_string("timeline_file", None, "Chrome trace of the --timeline_steps
 flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline_file.")
 flags.DEFINE_string("link_bandwidth", None, "Per-host link rate --strategy=auto plans for (e.g. 10gbit; "
                     "default: what tools.cluster emulates, else 10gbit).")
+flags.DEFINE_integer("profile_threads_from", -1, "From this step on, count this process's CPU per thread name "
+                     "(TF's pools, gRPC's, Horovod's, the Python thread): Result.extras['thread_cpu_s_per_step'].")
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
 flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
                     "what tools.cluster emulates, else 0.05ms).")
@@ -77,6 +79,7 @@ class Options:
     plan_only: bool
     partitions: Optional[int]
     calibration: Optional[str]
+    profile_threads_from: int
     local_aggregation: bool
     port: Optional[int]
     bind_address: Optional[str]

@@ -14,12 +14,18 @@ import tensorflow as tf
 from parallax_tf.inspect_graph import call_model_fn, make_feeds, _needed_placeholders
 from parallax_tf.model import RunContext
 from parallax_tf.runtime import session as session_lib
+from parallax_tf.runtime import thread_cpu
 from parallax_tf.runtime.cluster import start_cluster
 
 BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
+_PROFILE_FROM = -1
+STALE_RUNS_CAP = 4
 
 
-def run(name: str, model_fn, input_fn, steps: int, seed: int = 0) -> dict:
+def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_threads_from: int = -1) -> dict:
+    """`profile_threads_from`: from this step on, CPU per thread name (thread_cpu_s_per_step)."""
+    global _PROFILE_FROM
+    _PROFILE_FROM = profile_threads_from
     if name == "single":
         return _single(model_fn, input_fn, steps, seed)
     cluster = start_cluster(None, None)
@@ -37,6 +43,7 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     placeholders = _needed_placeholders(model.loss)
     times, cpu_times, examples = [], [], 0
     cpu_mark = time.process_time()       # CPU per step as parallax_tf counts it: the loop's too
+    threads, threads_from = (thread_cpu.snapshot(), 0) if _PROFILE_FROM == 0 else (None, 0)
     link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
     for step in range(steps):
         ctx.step = step
@@ -46,9 +53,13 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
         times.append(time.perf_counter() - begin)
         cpu_times.append(time.process_time() - cpu_mark)
         cpu_mark = time.process_time()
+        if len(times) == _PROFILE_FROM:
+            threads, threads_from = thread_cpu.snapshot(), len(times)
         examples = session_lib.batch_size(feeds) * ctx.size
         if more is False:
             break
+    profile = {name: cpu / (len(times) - threads_from) for name, cpu in thread_cpu.since(threads).items()} \
+        if threads is not None and len(times) > threads_from else {}
     link_after = session_lib.link_counters() if link_before else None
     if before_barrier is not None:
         before_barrier()
@@ -56,6 +67,7 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
         import horovod.tensorflow as hvd
         hvd.allgather_object(None)
     return {"step_times": times, "examples_per_step": examples, "step_cpu_s": cpu_times,
+            "thread_cpu_s_per_step": profile,
             "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
 
 
@@ -138,7 +150,11 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
             return False
         return not sess.should_stop()
     # the chief closes first (which releases workers still waiting for a token), then all meet
-    return _loop(step, graph, model, input_fn, ctx, steps, before_barrier=sess.close if ctx.rank == 0 else None)
+    # A worker loops until the global step reaches `steps`, not `steps` times: a gradient the
+    # aggregation drops as stale does not count, so a worker may need more runs than steps
+    # (the cap only bounds a broken run).
+    return _loop(step, graph, model, input_fn, ctx, STALE_RUNS_CAP * steps,
+                 before_barrier=sess.close if ctx.rank == 0 else None)
 
 
 class GreedyByBytes:

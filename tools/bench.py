@@ -78,9 +78,14 @@ def summarise(ranks) -> dict:
         for route, n in (r.get("bytes_by_route") or {}).items():
             by_route[route] = by_route.get(route, 0.0) + n / len(ranks)
     held_out = [r["held_out_loss"] for r in ranks if r.get("held_out_loss") is not None]
+    threads = {}
+    for r in ranks:
+        for name, seconds in (r.get("thread_cpu_s_per_step") or {}).items():
+            threads[name] = threads.get(name, 0.0) + seconds / len(ranks)
     return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
+            "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
             "bytes_per_step": wire,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
@@ -109,6 +114,18 @@ def table(results: dict) -> str:
                     + [f"{r['examples_per_s'] / results[b]['examples_per_s']:.2f}x" for b in baselines])
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def thread_lines(results: dict) -> str:
+    """Each run's CPU per step per rank by thread name (threads nobody named carry the
+    process's name: Horovod's background loop and Python's own threads among them)."""
+    lines = []
+    for name, r in results.items():
+        threads = r.get("thread_cpu_s_per_step") or {}
+        if threads:
+            lines.append(f"{name} CPU ms/step/rank by thread: " + ", ".join(
+                f"{thread} {seconds * 1000:.1f}" for thread, seconds in threads.items() if seconds >= 5e-5))
+    return "\n".join(lines)
 
 
 def dense_bytes(routes: dict):
@@ -156,6 +173,7 @@ def main(argv):
                                          FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup,
                                          FLAGS.job_timeout_s)
     print(table(results))
+    print(thread_lines(results))
     if FLAGS.json:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
         with open(FLAGS.json, "w") as f:

@@ -67,11 +67,14 @@ def train_and_measure() -> dict:
     total = FLAGS.steps + FLAGS.warmup
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     if FLAGS.bench_strategy in baselines.BASELINES:
-        figures = baselines.run(FLAGS.bench_strategy, model_fn, input_fn, total)
+        figures = baselines.run(FLAGS.bench_strategy, model_fn, input_fn, total,
+                                profile_threads_from=FLAGS.warmup)
         reported, lower = None, None
     else:
-        result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0)
-        figures = {"step_times": result.step_times, "link_bytes": result.link_bytes,
+        result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
+                         profile_threads_from=FLAGS.warmup)
+        figures = {"thread_cpu_s_per_step": result.extras.get("thread_cpu_s_per_step", {}),
+                   "step_times": result.step_times, "link_bytes": result.link_bytes,
                    "examples_per_step": result.examples_per_step, "step_cpu_s": result.step_cpu_s}
         reported = float(sum(result.bytes_per_step.values()))
         figures["wall"] = {"train_start_unix": time.time() - result.wall_time_s, "wall_s": result.wall_time_s,
@@ -90,7 +93,7 @@ def train_and_measure() -> dict:
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
               "cpu_s_per_step": float(np.mean(cpu)) if cpu else None, **figures.get("wall", {}),
-              "losses": figures.get("losses"),
+              "losses": figures.get("losses"), "thread_cpu_s_per_step": figures.get("thread_cpu_s_per_step"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps
               "link_bytes_per_step": {k: v / total for k, v in link.items()} if link else None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from parallax_tf import costmodel
+from parallax_tf import calibration, costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--link_bandwidth, --link_delay, --seed)
 from parallax_tf.costmodel import Choice
 from parallax_tf.inspect_graph import capture
@@ -26,8 +26,8 @@ PAPER_48_HOST_SPEEDUP = 6.02    # Parallax (EuroSys'19): hybrid vs Horovod on LM
 def strategy_choices(loads, cluster) -> dict:
     """What each strategy would do with every variable on this cluster."""
     return {
-        "hybrid": {l.name: Choice(ROUTE_PS, cluster.hosts) if l.gradient == "sparse" else Choice(ROUTE_ALLREDUCE)
-                   for l in loads},
+        "hybrid": costmodel.choose(loads, cluster, 0.0, routes={
+            l.name: ROUTE_PS if l.gradient == "sparse" else ROUTE_ALLREDUCE for l in loads}),
         "horovod": {l.name: Choice(ROUTE_ALLREDUCE) for l in loads},
         "tf_ps": {l.name: Choice(ROUTE_PS, 1) for l in loads},
         "auto": costmodel.choose(loads, cluster, 0.0),
@@ -49,7 +49,8 @@ def main(argv):
     if not split:
         print(f"(no stanza column: {captured.head_problem})")
     for hosts in [int(h) for h in FLAGS.sim_hosts]:
-        cluster = costmodel.Cluster(hosts, FLAGS.sim_ranks_per_host, bandwidth, delay)
+        cluster = costmodel.Cluster.calibrated(hosts, FLAGS.sim_ranks_per_host, bandwidth, delay,
+                                               calibration=calibration.load(FLAGS.calibration))
         steps = {n: costmodel.predict(loads, c, cluster, captured.compute_s).step_s
                  for n, c in strategy_choices(loads, cluster).items()}
         fc_nodes = ""

@@ -10,7 +10,7 @@ import json
 
 from absl import app, flags
 
-from parallax_tf import costmodel
+from parallax_tf import calibration, costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --seed, ...)
 from parallax_tf.costmodel import Choice
 from parallax_tf.inspect_graph import capture
@@ -26,8 +26,8 @@ flags.DEFINE_string("val_json", None, "Write the cases here.")
 FLAGS = flags.FLAGS
 
 
-def plan_choices(captured, strategy: str, hosts: int) -> dict:
-    plan = make_plan(captured, strategy if strategy != "auto" else "hybrid", hosts, hosts)
+def plan_choices(captured, strategy: str, hosts: int, cluster) -> dict:
+    plan = make_plan(captured, strategy, hosts, hosts, cost_cluster=cluster)
     return {v.name: Choice(v.route, max(1, v.partitions)) for v in plan.variables}
 
 
@@ -43,9 +43,11 @@ def main(argv):
     cases = []
     for bandwidth in FLAGS.val_bandwidths:
         for hosts in [int(h) for h in FLAGS.val_hosts]:
-            cluster = costmodel.Cluster(hosts, 1, costmodel.parse_rate(bandwidth), 0.0, cores=cores)
+            cluster = costmodel.Cluster.calibrated(hosts, 1, costmodel.parse_rate(bandwidth), 0.0, cores=cores,
+                                                   calibration=calibration.load(FLAGS.calibration))
             for strategy in FLAGS.val_strategies:
-                predicted = costmodel.predict(loads, plan_choices(captured, strategy, hosts), cluster, compute)
+                predicted = costmodel.predict(loads, plan_choices(captured, strategy, hosts, cluster), cluster,
+                                              compute)
                 measured = bench.run_strategy(strategy, hosts, 1, bandwidth, "0ms", FLAGS.model, FLAGS.steps,
                                               FLAGS.warmup)
                 if "error" in measured:

@@ -12,13 +12,19 @@ import tensorflow as tf
 
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.plan import human_bytes
+from parallax_tf.runtime import thread_cpu
 
 
 class StepStats:
+    # from this many completed steps on, CPU per thread name is counted (--profile_threads_from)
+    profile_threads_from = -1
+
     def __init__(self):
         self.times: List[float] = []
         self.cpu_times: List[float] = []                # this process's CPU (all threads) per step
         self._cpu_mark = time.process_time()
+        if StepStats.profile_threads_from == 0:
+            self._threads, self._threads_from = thread_cpu.snapshot(), 0
         self.bytes: Dict[str, List[int]] = {}           # this rank's
         self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together
         self.lower_bound: List[int] = []
@@ -34,12 +40,21 @@ class StepStats:
         now = time.process_time()
         self.cpu_times.append(now - self._cpu_mark)
         self._cpu_mark = now
+        if len(self.times) == StepStats.profile_threads_from:
+            self._threads, self._threads_from = thread_cpu.snapshot(), len(self.times)
         self.examples += examples
         self.lower_bound.append(int(lower_bound))
         for route, n in moved.items():
             self.bytes.setdefault(route, []).append(int(n))
         for route, n in (cluster_moved or {}).items():
             self.cluster_bytes.setdefault(route, []).append(int(n))
+
+    def thread_cpu_per_step(self) -> Dict[str, float]:
+        """CPU seconds per step by thread name since --profile_threads_from ({} when off)."""
+        if not hasattr(self, "_threads") or len(self.times) <= self._threads_from:
+            return {}
+        steps = len(self.times) - self._threads_from
+        return {name: s / steps for name, s in thread_cpu.since(self._threads).items()}
 
     def mean_bytes(self, cluster: bool = False) -> Dict[str, float]:
         return {route: float(np.mean(v)) for route, v in (self.cluster_bytes if cluster else self.bytes).items()}
