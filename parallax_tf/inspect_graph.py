@@ -305,17 +305,18 @@ def _rows_touched(sess, groups, feeds, forward: set) -> Dict[str, tuple]:
 
 
 def _time_step(sess, grads, feeds, repeats: int = 3) -> float:
-    """Median time of one forward+backward pass on one batch (no update: values stay): wall
-    time, or the process's CPU time where that is less (a rank capturing under a CPU quota or
-    beside other ranks waits for CPU: the wall time would count the wait as compute)."""
+    """Median CPU seconds (this process, all threads) of one forward+backward pass on one batch
+    (no update: values stay): what the cost model's CPU terms need (ranks sharing cores pay the
+    CPU, not the wall time of a multi-threaded step), and unlike the wall time not inflated
+    when the capturing rank waits for a CPU quota or beside other ranks."""
     import time
     tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
     sess.run(tensors, feeds)
     times = []
     for _ in range(repeats):
-        begin, cpu_begin = time.perf_counter(), time.process_time()
+        cpu_begin = time.process_time()
         sess.run(tensors, feeds)
-        times.append(min(time.perf_counter() - begin, time.process_time() - cpu_begin))
+        times.append(time.process_time() - cpu_begin)
     return sorted(times)[len(times) // 2]
 
 
