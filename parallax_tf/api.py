@@ -102,8 +102,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             report = dgraph.final_report(sess) if dgraph.final_report else {}
             histograms = report.get("histograms", {})
             stats.extras.update(report.get("extras", {}))
-            if stats.thread_cpu_per_step():
-                stats.extras["thread_cpu_s_per_step"] = stats.thread_cpu_per_step()
+            threads = stats.thread_cpu_per_step()
+            if threads:
+                stats.extras["thread_cpu_s_per_step"] = threads
             for hook in hooks:
                 hook.final(global_step, histograms)
             if watchdog:            # peers may leave once the barrier below lets them
@@ -195,7 +196,8 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     text = None
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
-                         opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)), opts.route_options())
+                         opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
+                         opts.route_options())
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -206,8 +208,7 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks),
-                     opts.route_options())
+                     cost_cluster(opts, 1, ranks), opts.route_options())
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)

@@ -37,8 +37,8 @@ class Cluster:
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
     # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), and
-    # per PS task its graph runs a partition on; they bind only when more ranks than cores share
-    # the machine. All four constants come from tools.calibrate (parallax_tf.calibration).
+    # per PS task its graph runs a partition on: a step takes at least that CPU, times ranks /
+    # cores when ranks share cores. All four constants come from tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
     task_cpu_s: float = _DEFAULTS.task_cpu_s
     calibration: str = _DEFAULTS.source
