@@ -212,7 +212,7 @@ def _auto_stanza(capture: Capture, cluster, auto: dict):
     5% or more, else None."""
     from parallax_tf import costmodel
     split = costmodel.layer_split_load(capture)
-    if split is None or cluster.ranks < 2:
+    if split is None or cluster.ranks < 3:
         return None
     if any(s.name in capture.head.state for s in capture.state):
         return None                 # batch norm inside the head: no test covers it yet, stay data parallel

@@ -47,7 +47,9 @@ def test_bench_table_json_plot_and_bytes_against_link_counters():
     proc = _run(["tools.bench", "--hosts=2", "--model=lm", "--strategies=hybrid,horovod", "--steps=15",
                  "--warmup=3", f"--json={out}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"strategy\s+examples/s\s+step ms\s+wire B/step/rank", proc.stdout)
+    assert re.search(r"strategy\s+examples/s\s+step ms\s+CPU ms/step/rank\s+runtime CPU ms\s+wire B/step/rank", proc.stdout)
+    for strategy in ("hybrid", "horovod"):     # where each run's CPU went, by thread
+        assert re.search(rf"^{strategy} CPU ms/step/rank by thread: .*main \d", proc.stdout, re.M), proc.stdout
     data = json.load(open(out))
     assert data["cluster"]["hosts"] == 2 and set(data["results"]) == {"hybrid", "horovod"}
     for result in data["results"].values():
