@@ -14,18 +14,16 @@ import tensorflow as tf
 from parallax_tf.inspect_graph import call_model_fn, make_feeds, _needed_placeholders
 from parallax_tf.model import RunContext
 from parallax_tf.runtime import session as session_lib
-from parallax_tf.runtime import thread_cpu
+from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.cluster import start_cluster
 
 BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
-_PROFILE_FROM = -1
 STALE_RUNS_CAP = 4
 
 
 def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_threads_from: int = -1) -> dict:
     """`profile_threads_from`: from this step on, CPU per thread name (thread_cpu_s_per_step)."""
-    global _PROFILE_FROM
-    _PROFILE_FROM = profile_threads_from
+    StepStats.profile_threads_from = profile_threads_from
     if name == "single":
         return _single(model_fn, input_fn, steps, seed)
     cluster = start_cluster(None, None)
@@ -41,32 +39,25 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_thread
 def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
     placeholders = _needed_placeholders(model.loss)
-    times, cpu_times, examples = [], [], 0
-    cpu_mark = time.process_time()       # CPU per step as parallax_tf counts it: the loop's too
-    threads, threads_from = (thread_cpu.snapshot(), 0) if _PROFILE_FROM == 0 else (None, 0)
+    stats, examples = StepStats(), 0     # times, CPU per step and per thread as parallax_tf counts them
     link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
     for step in range(steps):
         ctx.step = step
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
         begin = time.perf_counter()
         more = sess_run(feeds)
-        times.append(time.perf_counter() - begin)
-        cpu_times.append(time.process_time() - cpu_mark)
-        cpu_mark = time.process_time()
-        if len(times) == _PROFILE_FROM:
-            threads, threads_from = thread_cpu.snapshot(), len(times)
         examples = session_lib.batch_size(feeds) * ctx.size
+        stats.add(time.perf_counter() - begin, {}, examples)
         if more is False:
             break
-    profile = {name: cpu / (len(times) - threads_from) for name, cpu in thread_cpu.since(threads).items()} \
-        if threads is not None and len(times) > threads_from else {}
+    profile = stats.thread_cpu_per_step()
     link_after = session_lib.link_counters() if link_before else None
     if before_barrier is not None:
         before_barrier()
     if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
         import horovod.tensorflow as hvd
         hvd.allgather_object(None)
-    return {"step_times": times, "examples_per_step": examples, "step_cpu_s": cpu_times,
+    return {"step_times": stats.times, "examples_per_step": examples, "step_cpu_s": stats.cpu_times,
             "thread_cpu_s_per_step": profile,
             "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
 

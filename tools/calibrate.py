@@ -49,9 +49,9 @@ def _free_port() -> int:
 
 
 def _cpu_s(pid: int) -> float:
+    from parallax_tf.runtime.thread_cpu import stat_cpu_s
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime
+        return stat_cpu_s(f.read())
 
 
 def measure_round_trips(count: int) -> dict:

@@ -9,6 +9,7 @@ compute time measured here in one process, never the run it is compared with. Pr
 per cell and writes JSON and a heat-map PNG of auto / best beside it."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -31,15 +32,21 @@ MODEL_FLAGS = {"lm": [], "cnn": ["--cnn_fc_units=256,256"], "mlp": []}
 PREDICTED = ("auto", "hybrid", "horovod")     # what the cost model describes (horovod: every variable AllReduce)
 
 
-def predictions(model: str, hosts: int, link: str) -> dict:
-    """Predicted step seconds of auto, hybrid and horovod on this cell, from a plan made here."""
+@functools.lru_cache(maxsize=None)
+def _captured(model: str):
+    """The model at the sweep's sizes, captured with a timed step (once per model)."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
-    from parallax_tf.planner import make_plan
     from tools.shared import model_and_input
     FLAGS([sys.argv[0]] + MODEL_FLAGS[model], known_only=True)
     model_fn, input_fn = model_and_input(model)
-    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed, time_compute=True)
+    return capture(model_fn, input_fn, RunContext(), FLAGS.seed, time_compute=True)
+
+
+def predictions(model: str, hosts: int, link: str) -> dict:
+    """Predicted step seconds of auto, hybrid and horovod on this cell, from a plan made here."""
+    from parallax_tf.planner import make_plan
+    captured = _captured(model)
     cluster = costmodel.Cluster.calibrated(hosts, 1, costmodel.parse_rate(link), 0.0, cores=os.cpu_count(),
                                            calibration=calibration.load(FLAGS.calibration))
     loads, compute = costmodel.loads_from(captured), captured.compute_s or 0.0

@@ -10,8 +10,14 @@ from typing import Dict, Tuple
 Snapshot = Dict[Tuple[int, str], float]
 
 
+def stat_cpu_s(stat_text: str) -> float:
+    """utime + stime of a /proc/<pid>[/task/<tid>]/stat line, in seconds."""
+    fields = stat_text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def snapshot() -> Snapshot:
-    pid, tick, out = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
+    pid, out = os.getpid(), {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:                 # no /proc: nothing to report
@@ -23,8 +29,7 @@ def snapshot() -> Snapshot:
         except OSError:             # the thread ended meanwhile
             continue
         name = "main" if int(tid) == pid else re.sub(r"[-_ ]?\d+$", "", text[text.index("(") + 1:text.rindex(")")])
-        fields = text.rsplit(")", 1)[1].split()
-        out[(int(tid), name)] = (int(fields[11]) + int(fields[12])) / tick     # utime + stime
+        out[(int(tid), name)] = stat_cpu_s(text)
     return out
 
 
