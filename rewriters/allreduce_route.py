@@ -19,9 +19,12 @@ class AllReduceRoute:
         self.name, self.summed = name, summed
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
+        self.rider_sum = None       # build(rider=...): the rider summed over ranks, if it found a group
 
-    def build(self) -> dict:
-        """Variable op name -> the gradient averaged (or summed) over ranks."""
+    def build(self, rider: tf.Tensor = None) -> dict:
+        """Variable op name -> the gradient averaged (or summed) over ranks. `rider`: a vector
+        summed over ranks as one more tensor of the first float32/float64 group (into
+        `rider_sum`), so it needs no collective of its own; left alone when there is none."""
         import horovod.tensorflow as hvd
         size = self.request.topology.size
         op = hvd.Sum if self.summed else hvd.Average
@@ -37,10 +40,17 @@ class AllReduceRoute:
                 else:
                     groups.setdefault(entry.fusion_group or 0, []).append((grad, part.variable))
         averaged, dense_bytes, gathered_bytes = {}, [], []
+        carrier = next((group for group in sorted(groups) if size > 1 and rider is not None
+                        and {g.dtype for g, _ in groups[group]} in ({tf.float32}, {tf.float64})), None)
         for group in sorted(groups):
             grads, variables = zip(*groups[group])
             name = f"{self.name}_group{group}" if self.name else None
-            reduced = hvd.grouped_allreduce(list(grads), op=op, name=name) if size > 1 else list(grads)
+            riding = []
+            if group == carrier:    # averaging divides by the ranks: the rider is scaled up first
+                riding = [tf.cast(rider * (1.0 if op == hvd.Sum else float(size)), grads[0].dtype)]
+            reduced = hvd.grouped_allreduce(list(grads) + riding, op=op, name=name) if size > 1 else list(grads)
+            if riding:
+                self.rider_sum, reduced = reduced[-1], reduced[:-1]
             averaged.update({v.op.name: g for g, v in zip(reduced, variables)})
             dense_bytes.extend(tensor_bytes(g) for g in grads)
         for grad, var in sparse:

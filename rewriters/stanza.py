@@ -37,7 +37,7 @@ from parallax_tf.runtime.barriers import CollectiveBarrier
 from rewriters import exchange, graph_copy, transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, gradients, rebuild,
-                              step_report, tensor_bytes)
+                              StepReport, tensor_bytes)
 from rewriters.pruning import update_without, variable_and_slot_ops
 
 
@@ -72,18 +72,21 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     step = update_without(training, target, theirs, built.global_grads, "parallax_stanza_token",
                           check=lambda transform, needs: _check_transform(transform, needs, rebuilt, other_side))
     _check_no_data_needed(step, on_fc)
-    report, request_checkpoint, report_routes = step_report(built.loss_share, built.bytes, topo.size)
+    # its own collective: the two sides' gradient groups differ
+    report = StepReport(built.loss_share, topo.size)
+    summed = report.summed()
     local = tf.compat.v1.global_variables()
     import horovod.tensorflow as hvd
     return DistributedGraph(
-        graph=graph, loss=report[0], mean_loss=report[0], train_op=[step] + built.targets,
+        graph=graph, loss=summed[0], mean_loss=summed[0], train_op=[step] + built.targets,
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
         bytes_per_step=built.bytes, global_step_var=global_step,
         lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
-        report=report, report_routes=report_routes, checkpoint_request=request_checkpoint,
+        report=summed, report_routes=sorted(built.bytes), checkpoint_request=report.checkpoint_request,
+        previous_bytes=report.previous_bytes,
         train_loop=functools.partial(train_split, conv_ranks=split.conv_ranks))
 
 

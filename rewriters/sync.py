@@ -19,7 +19,8 @@ from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from rewriters import transform as transform_lib
 from rewriters.allreduce_route import AllReduceRoute
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters.common import BuildRequest, DistributedGraph, advancing_global_step, ancestors, rebuild, step_report
+from rewriters.common import (BuildRequest, DistributedGraph, StepReport, advancing_global_step, ancestors,
+                              rebuild)
 from rewriters.pruning import needed_without, without, written_variables
 from rewriters.ps_route import PSRoute
 
@@ -50,8 +51,9 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     transform = transform_lib.analyse(training, needed)
     reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
 
+    report = StepReport(tf.cast(training.loss, tf.float64) / topo.size, topo.size)
     allreduce = AllReduceRoute(request, rebuilt, ar_entries)
-    global_grads = allreduce.build()
+    global_grads = allreduce.build(rider=report.local)
     extras = [make(request, rebuilt, plan.on_route(route)) for route, make in extra_routes.items()
               if plan.on_route(route)]
     for route in extras:
@@ -99,10 +101,9 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
             byte_counts.update(route.bytes)
     for name, layout in detect_layouts(rebuilt, plan).items():
         plan.by_name()[name].layout = layout
-    report, request_checkpoint, report_routes = step_report(tf.cast(training.loss, tf.float64) / topo.size, byte_counts,
-                                                            topo.size)
+    summed = report.summed(allreduce.rider_sum)
     dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=report[0],
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=summed[0],
         train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
@@ -111,7 +112,8 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
-        report=report, report_routes=report_routes, checkpoint_request=request_checkpoint)
+        report=summed, report_routes=sorted(byte_counts), checkpoint_request=report.checkpoint_request,
+        previous_bytes=report.previous_bytes)
     for route in extras:
         route.contribute(dgraph)
     return dgraph

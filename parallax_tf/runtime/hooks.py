@@ -26,7 +26,8 @@ class StepStats:
         if StepStats.profile_threads_from == 0:
             self._threads, self._threads_from = thread_cpu.snapshot(), 0
         self.bytes: Dict[str, List[int]] = {}           # this rank's
-        self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together
+        self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together, from the 2nd step (a step
+                                                        # report carries the step before's)
         self.lower_bound: List[int] = []
         self.examples = 0
         self.checkpoint_requested = False               # the last step's collective decision

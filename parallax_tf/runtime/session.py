@@ -90,11 +90,13 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
     stats = StepStats()
     fetches = {"loss": dgraph.loss, "report": dgraph.report, "train": dgraph.train_op,
                "bytes": dgraph.bytes_per_step, "lower_bound": dgraph.lower_bound_bytes}
+    previous_bytes = [0.0] * len(dgraph.report_routes)     # the report sums the last step's
     try:
         for step in range(start, steps):
             ctx.step = step
             feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
             feeds[dgraph.checkpoint_request] = sum(hook.request(step + 1) for hook in hooks)
+            feeds[dgraph.previous_bytes] = previous_bytes
             extra_targets, extra_feeds = dgraph.scheduled(step)
             feeds.update(extra_feeds)
             options, metadata = tracer.options(step)
@@ -108,7 +110,8 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
             report = out["report"]
             mean_loss = report[0]          # every rank added its share
             stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,
-                      out["lower_bound"], dict(zip(dgraph.report_routes, report[2:])))
+                      out["lower_bound"], dict(zip(dgraph.report_routes, report[2:])) if step > start else None)
+            previous_bytes = [float(out["bytes"][route]) for route in dgraph.report_routes]
             stats.checkpoint_requested = report[1] > 0
             tracer.record(step, metadata)
             losses.append(float(out["loss"]))
