@@ -197,7 +197,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
-                         opts.route_options())
+                         opts.route_options(), opts.auto_stanza)
         plan.servers = list(cluster.ps_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -208,7 +208,7 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks), opts.route_options())
+                     cost_cluster(opts, 1, ranks), opts.route_options(), opts.auto_stanza)
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)

@@ -56,6 +56,8 @@ flags.DEFINE_string("staleness_lr", "inverse", "ps_plus: learning rate of a push
 flags.DEFINE_enum("ps_plus_sparse_pull", "rows", ["rows", "eager"], "ps_plus: a sparse variable's rows are read "
                   "from its server in the step (rows), or the whole variable is pulled into a local copy like a "
                   "dense one (eager).")
+flags.DEFINE_bool("auto_stanza", False, "auto may choose stanza when the cost model predicts it faster; its FC "
+                  "nodes read no data, so a step then trains on fewer batches (one per conv node).")
 flags.DEFINE_integer("fc_nodes", 1, "stanza: how many of the last ranks train the FC head (FC nodes).")
 flags.DEFINE_integer("stanza_microbatches", 1, "stanza: each conv node's batch crosses to its FC node in this many "
                      "pieces, so FC round trips overlap conv work.")
@@ -104,6 +106,7 @@ class Options:
     staleness_lr: str
     max_staleness: int
     ps_plus_sparse_pull: str
+    auto_stanza: bool
     fc_nodes: int
     stanza_microbatches: int
     stages: Optional[int]

@@ -18,10 +18,11 @@ SPLIT_ELEMENTS = 1 << 16
 
 def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
               partitions: Optional[int] = None, local_aggregation: bool = True, cost_cluster=None,
-              route_options: Optional[dict] = None) -> Plan:
+              route_options: Optional[dict] = None, auto_stanza: bool = False) -> Plan:
     """`cost_cluster` (a costmodel.Cluster) is what --strategy=auto optimises for and what the
     shard count of every sparse PS variable is chosen for (default: num_hosts hosts at the
-    cost model's defaults); `partitions` forces that count;
+    cost model's defaults); `partitions` forces that count; `auto_stanza`: auto may choose
+    Stanza, which trains on fewer batches per step (its FC nodes read no data);
     `route_options` maps a route to the options its variables carry in their params (Slim-DP's
     on "significant", PS+'s on "async_ps")."""
     route_options = route_options or {}
@@ -33,13 +34,21 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     entries = []
     auto = _auto_choices(capture, cost_cluster) if strategy == "auto" else {}
     stanza = _auto_stanza(capture, cost_cluster, auto) if auto else None
+    if stanza is not None and not auto_stanza:     # say so, and keep the batch the user chose
+        fc_nodes, why = stanza
+        auto = {name: (choice, f"{reason}; stanza predicted faster ({why}) but not chosen: its FC node(s) read "
+                               f"no data, so a step would train on {num_ranks - fc_nodes} batches instead of "
+                               f"{num_ranks} (--auto_stanza allows it)")
+                for name, (choice, reason) in auto.items()}
+        stanza = None
     if stanza is not None:          # the cost model prefers layer separation: plan that instead
         fc_nodes, why = stanza
         plan = make_plan(capture, "stanza", num_ranks, num_hosts, partitions, local_aggregation, cost_cluster,
                          route_options={**route_options, ROUTE_FC_NODE: {
                              **route_options.get(ROUTE_FC_NODE, {}), "fc_nodes": fc_nodes}})
         for entry in plan.variables:
-            entry.reason = f"auto chose stanza ({why}): {entry.reason}"
+            entry.reason = (f"auto chose stanza ({why}; a step trains on {num_ranks - fc_nodes} batches, "
+                            f"one per conv node): {entry.reason}")
         return plan
     split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
     pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
@@ -209,10 +218,10 @@ def _auto_choices(capture: Capture, cluster):
 
 def _auto_stanza(capture: Capture, cluster, auto: dict):
     """(FC nodes, why) when the cost model predicts Stanza faster than the per-variable plan by
-    5% or more, else None."""
+    5% or more, else None. (Stanza on 2 ranks is 1 conv node: it trains on half the batches.)"""
     from parallax_tf import costmodel
     split = costmodel.layer_split_load(capture)
-    if split is None or cluster.ranks < 3:
+    if split is None or cluster.ranks < 2:
         return None
     if any(s.name in capture.head.state for s in capture.state):
         return None                 # batch norm inside the head: no test covers it yet, stay data parallel

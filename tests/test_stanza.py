@@ -58,6 +58,12 @@ def test_one_fc_node_serving_two_conv_nodes(name):
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_two_ranks_train_on_the_one_conv_node_batch(name):
+    # FC nodes read no data: on 2 ranks a step is single-device training on rank 0's batch
+    check(run_cases(2, 1), name, 2, 1)
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_two_fc_nodes_each_serving_a_group(name):
     check(run_cases(5, 2), name, 5, 3)          # groups [0, 1] -> 3 and [2] -> 4: unequal shares
 
@@ -243,9 +249,18 @@ def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
     captured = capture(_wide_head_cnn, _wide_images, RunContext(), 0, time_compute=True)
     assert captured.head_compute_s > 0 and captured.batch_size == 16
     slow = costmodel.Cluster(8, bandwidth_bytes_per_s=10e6 / 8)
-    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow)
+    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow, auto_stanza=True)
     assert plan.strategy == "stanza" and plan.split.fc_ranks == [7]
     assert all(v.reason.startswith("auto chose stanza (predicted step ") for v in plan.variables)
+    assert "a step trains on 7 batches" in plan.variables[0].reason
+    # by default auto keeps the batch: it stays data parallel and says what it left out
+    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow)
+    assert plan.strategy == "auto" and plan.split is None
+    assert all("would train on 7 batches instead of 8 (--auto_stanza allows it)" in v.reason
+               for v in plan.trained)
+    two = make_plan(captured, "auto", 2, 2, cost_cluster=costmodel.Cluster(2, bandwidth_bytes_per_s=10e6 / 8),
+                    auto_stanza=True)
+    assert two.strategy == "stanza" and two.split.conv_ranks == [0] and two.split.fc_ranks == [1]
     # a head too small to matter on fast links: data parallel stays
     fast = costmodel.Cluster(8, bandwidth_bytes_per_s=100e9 / 8)
     assert make_plan(captured, "auto", 8, 8, cost_cluster=fast).strategy == "auto"

@@ -29,6 +29,8 @@ FLAGS = flags.FLAGS
 
 # the sweep's sizes of each model (a 200k-weight CNN head: a step at 10 Mbit stays ~1 s)
 MODEL_FLAGS = {"lm": [], "cnn": ["--cnn_fc_units=256,256"], "mlp": []}
+# models with an FC head: stanza runs there, and auto may choose it (it is compared with stanza)
+HEADED = {"cnn"}
 PREDICTED = ("auto", "hybrid", "horovod")     # what the cost model describes (horovod: every variable AllReduce)
 
 
@@ -53,7 +55,7 @@ def predictions(model: str, hosts: int, link: str) -> dict:
     out = {}
     for strategy in PREDICTED:
         plan = make_plan(captured, {"horovod": "allreduce"}.get(strategy, strategy), hosts, hosts,
-                         cost_cluster=cluster)
+                         cost_cluster=cluster, auto_stanza=model in HEADED)
         if plan.split is not None:          # auto chose stanza
             fc, got = costmodel.choose_fc_nodes(loads, costmodel.layer_split_load(captured), cluster, compute)
         else:
@@ -64,14 +66,15 @@ def predictions(model: str, hosts: int, link: str) -> dict:
 
 
 def run_cell(run_strategy, model: str, hosts: int, link: str) -> dict:
-    has_head = model == "cnn"
+    has_head = model in HEADED
     results = {}
     for strategy in FLAGS.sweep_strategies:
         if strategy == "stanza" and not has_head:
             continue
         print(f"sweep: {model} {hosts} hosts {link}: {strategy} ...", file=sys.stderr, flush=True)
+        extra = MODEL_FLAGS[model] + (["--auto_stanza"] if strategy == "auto" and has_head else [])
         results[strategy] = run_strategy(strategy, hosts, 1, link, "0ms", model, FLAGS.steps, FLAGS.warmup,
-                                               FLAGS.job_timeout_s, extra_flags=MODEL_FLAGS[model])
+                                         FLAGS.job_timeout_s, extra_flags=extra)
     return {"model": model, "hosts": hosts, "link": link, "results": results,
             "predicted_s": predictions(model, hosts, link)}
 
