@@ -132,3 +132,20 @@ def test_servers_listen_on_the_launcher_interface_only():
         assert local in (f"127.0.0.1:{port}", f"[::ffff:127.0.0.1]:{port}"), local
     if other:                     # and nobody gets in through another interface
         assert len(re.findall(r"REFUSED rank=\d", proc.stdout)) == 3 and "REACHABLE" not in proc.stdout
+
+
+def test_step_report_sums_byte_counts_exactly_even_in_float32():
+    """The report rides in a float32 gradient allreduce when there is one: byte counts cross as
+    base-2^16 pieces, so a sum over ranks stays exact past float32's 2^24."""
+    from rewriters.common import StepReport
+    with tf.Graph().as_default():
+        report = StepReport(tf.constant(0.75, tf.float64), 1)
+        # what a float32 allreduce over 3 ranks with the same counts would hand back
+        ridden = tf.cast(tf.cast(report.local, tf.float32) * 3, tf.float32)
+        alone, summed = report.summed(), report.summed(ridden)
+        counts = [5_000_000_123.0, 0.0, 16_777_217.0]
+        with tf.compat.v1.Session() as sess:
+            got_alone, got_summed = sess.run([alone, summed], {report.previous_bytes: counts,
+                                                               report.checkpoint_request: 1.0})
+    assert got_alone.tolist() == [0.75, 1.0] + counts
+    assert got_summed.tolist() == [2.25, 3.0] + [3 * c for c in counts]
