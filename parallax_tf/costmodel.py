@@ -296,11 +296,10 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)
     # the FC nodes' AllReduce overlaps the conv nodes' backward (~2/3 of their compute) and theirs
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
-    # as predict(): at least each node's own CPU work, the ranks' together when they share cores
-    cpu_bound = max(conv_compute, fc_compute) + cluster.runtime_cpu_s
-    if cluster.cores and cluster.ranks > cluster.cores:
-        cpu = conv * (conv_compute + cluster.runtime_cpu_s) + fc_nodes * (fc_compute + cluster.runtime_cpu_s)
-        cpu_bound = max(cpu_bound, cpu / cluster.cores)
+    # as predict(): at least each node's own CPU work, on its share of the cores when ranks share
+    # them (each host its own share, as the rig's quotas give: the FC node's is the busiest)
+    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu_s) * \
+        (max(1.0, cluster.ranks / cluster.cores) if cluster.cores else 1.0)
     # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
     # round besides the links' delay
     rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)

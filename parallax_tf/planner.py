@@ -37,7 +37,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     if stanza is not None and not auto_stanza:     # say so, and keep the batch the user chose
         fc_nodes, why = stanza
         auto = {name: (choice, f"{reason}; stanza predicted faster ({why}) but not chosen: its FC node(s) read "
-                               f"no data, so a step would train on {num_ranks - fc_nodes} batches instead of "
+                               f"no data, so a step would train on {_batches(num_ranks - fc_nodes)} instead of "
                                f"{num_ranks} (--auto_stanza allows it)")
                 for name, (choice, reason) in auto.items()}
         stanza = None
@@ -47,7 +47,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                          route_options={**route_options, ROUTE_FC_NODE: {
                              **route_options.get(ROUTE_FC_NODE, {}), "fc_nodes": fc_nodes}})
         for entry in plan.variables:
-            entry.reason = (f"auto chose stanza ({why}; a step trains on {num_ranks - fc_nodes} batches, "
+            entry.reason = (f"auto chose stanza ({why}; a step trains on {_batches(num_ranks - fc_nodes)}, "
                             f"one per conv node): {entry.reason}")
         return plan
     split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
@@ -214,6 +214,10 @@ def _auto_choices(capture: Capture, cluster):
             for c in costmodel.candidates(load, cluster) if c != choice)
         out[load.name] = (choice, f"cost model: predicted step {step * 1000:.1f}ms; instead: {alternatives}")
     return out
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
 
 
 def _auto_stanza(capture: Capture, cluster, auto: dict):

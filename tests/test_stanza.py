@@ -211,6 +211,18 @@ def test_cost_model_prefers_stanza_for_an_fc_heavy_model_on_slow_links():
     assert costmodel.predict_stanza(loads, split, fast, 0.1, 1).step_s < stanza.step_s
 
 
+def test_cost_model_runs_the_fc_node_on_its_share_of_the_cores():
+    # 8 hosts on 2 cores, a quarter core each (the rig's quotas): the FC node computes the head for
+    # 7 conv nodes (7 x 50 ms) on its quarter core; pooling every node's CPU over the 2 cores
+    # hid that (cnn, 8 hosts, 1 Gbit: auto chose stanza at 1,040 examples/s, hybrid ran 3,825)
+    from parallax_tf import costmodel
+    loads, split = _fc_heavy_loads()
+    shared = costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8, cores=2)
+    got = costmodel.predict_stanza(loads, split, shared, 0.1, 1)
+    assert got.cpu_bound_s == pytest.approx((7 * 0.05 + shared.runtime_cpu_s) * 4)
+    assert got.step_s >= got.cpu_bound_s
+
+
 def test_cost_model_spreads_a_compute_heavy_small_head_over_fc_nodes():
     from parallax_tf import costmodel
     loads, split = _fc_heavy_loads(head_bytes=4096)
