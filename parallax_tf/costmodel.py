@@ -54,6 +54,12 @@ class Cluster:
     def ranks(self) -> int:
         return self.hosts * self.ranks_per_host
 
+    @property
+    def cpu_turns(self) -> float:
+        """How much longer a rank's CPU work takes when ranks share fewer cores (emulation: each
+        host gets cores / hosts, as the rig's quotas give)."""
+        return max(1.0, self.ranks / self.cores) if self.cores else 1.0
+
 
 @dataclasses.dataclass
 class Load:
@@ -158,7 +164,7 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu_s + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster)
-    cpu_bound = per_rank * max(1.0, N / cluster.cores) if cluster.cores else per_rank
+    cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound)
@@ -298,8 +304,7 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
     # as predict(): at least each node's own CPU work, on its share of the cores when ranks share
     # them (each host its own share, as the rig's quotas give: the FC node's is the busiest)
-    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu_s) * \
-        (max(1.0, cluster.ranks / cluster.cores) if cluster.cores else 1.0)
+    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu_s) * cluster.cpu_turns
     # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
     # round besides the links' delay
     rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)

@@ -40,8 +40,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                                f"no data, so a step would train on {_batches(num_ranks - fc_nodes)} instead of "
                                f"{num_ranks} (--auto_stanza allows it)")
                 for name, (choice, reason) in auto.items()}
-        stanza = None
-    if stanza is not None:          # the cost model prefers layer separation: plan that instead
+    elif stanza is not None:        # the cost model prefers layer separation: plan that instead
         fc_nodes, why = stanza
         plan = make_plan(capture, "stanza", num_ranks, num_hosts, partitions, local_aggregation, cost_cluster,
                          route_options={**route_options, ROUTE_FC_NODE: {

@@ -40,8 +40,9 @@ class AllReduceRoute:
                 else:
                     groups.setdefault(entry.fusion_group or 0, []).append((grad, part.variable))
         averaged, dense_bytes, gathered_bytes = {}, [], []
-        carrier = next((group for group in sorted(groups) if size > 1 and rider is not None
-                        and {g.dtype for g, _ in groups[group]} in ({tf.float32}, {tf.float64})), None)
+        carrier = next((group for group in sorted(groups)
+                        if {g.dtype for g, _ in groups[group]} in ({tf.float32}, {tf.float64})),
+                       None) if size > 1 and rider is not None else None
         for group in sorted(groups):
             grads, variables = zip(*groups[group])
             name = f"{self.name}_group{group}" if self.name else None
