@@ -1,3 +1,5 @@
+import glob
+
 from setuptools import Extension, find_packages, setup
 
 
@@ -5,8 +7,7 @@ def _ops_extension() -> Extension:
     """The toolkit's compiled TF ops, built against the installed TensorFlow with its own flags
     (C++17 and the C++11 ABI come from tf.sysconfig and must not be overridden; see BUILD.md)."""
     import tensorflow as tf
-    return Extension("parallax_tf._parallax_ops", ["parallax_tf/ops/significance_ops.cc", "parallax_tf/ops/staleness_ops.cc",
-                                                     "parallax_tf/ops/stash_ops.cc"], language="c++",
+    return Extension("parallax_tf._parallax_ops", sorted(glob.glob("parallax_tf/ops/*.cc")), language="c++",
                      extra_compile_args=tf.sysconfig.get_compile_flags() + ["-O3", "-fPIC"],
                      extra_link_args=tf.sysconfig.get_link_flags())
 
@@ -21,7 +22,7 @@ setup(
     # Native pieces. The bind shim is preloaded into ranks (not imported) so TF's servers listen
     # on the launcher's address only; see parallax_tf/runtime/bind.py.
     # The compiled ops: significance selection (Slim-DP), staleness-scaled async apply (PS+),
-    # input stash (DSP); see parallax_tf/ops/.
+    # input stash (DSP), flat scatter (Slim-DP's pulls); see parallax_tf/ops/.
     ext_modules=[Extension("parallax_tf._bindshim", ["parallax_tf/native/bind_shim.c"], libraries=["dl"]),
                  _ops_extension()],
 )

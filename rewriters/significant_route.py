@@ -139,6 +139,9 @@ class SignificantRoute:
             made["next_core"] = tf.Variable(tf.zeros([unit.core_size], tf.int32), trainable=False,
                                             name=unit.name + "_next_core", use_resource=True)
             if unit.chosen:
+                # the round's coordinates, chosen once on the PS by rank 0's apply; pulls read them
+                made["selected"] = tf.Variable(tf.zeros([unit.chosen], tf.int32), trainable=False,
+                                               name=unit.name + "_selected", use_resource=True)
                 made["acc"] = tf.compat.v1.ConditionalAccumulator(
                     dtype, shape=[unit.chosen], shared_name=unit.name + "/parallax_round_grad",
                     name=unit.name.replace("/", "_") + "_round_grad", reduction_type="SUM")
@@ -154,9 +157,8 @@ class SignificantRoute:
     def _selection(self, unit: _Unit, core_variable) -> tf.Tensor:
         """Core set plus this round's explored set, ascending: the same on every rank and the PS."""
         from parallax_tf import ops as ptf_ops
-        core = core_variable.read_value()
-        explored = ptf_ops.explore_indices(core, unit.size, unit.seed, self.round, unit.explore_size)
-        return tf.sort(tf.concat([core, explored], 0))
+        return ptf_ops.round_selection(core_variable.read_value(), unit.size, unit.seed, self.round,
+                                       unit.explore_size)
 
     def _push(self, unit: _Unit, s: dict, sel) -> tf.Operation:
         if not unit.chosen:     # nothing is synchronised: the replica trains alone
@@ -186,6 +188,7 @@ class SignificantRoute:
                     with tf.control_dependencies([current]):
                         sel = self._selection(unit, s["core"])
                     remember.append(s["update"].scatter_update(tf.IndexedSlices(mean, sel)).op)
+                    remember.append(s["selected"].assign(sel, read_value=False))
                 by_optimizer.setdefault(id(unit.optimizer), (unit.optimizer, []))[1].append(
                     (tf.IndexedSlices(mean, sel, tf.constant([unit.size], tf.int64)), s["global"]))
         applies = []
@@ -208,15 +211,11 @@ class SignificantRoute:
         the accumulated gradient (all of it without error feedback) cleared."""
         if not unit.chosen:
             return tf.no_op()
+        from parallax_tf import ops as ptf_ops
         with tf.device(f"/job:ps/task:{unit.server}"):
-            # computed on the PS from its own copy of the core set: no indices cross the network
-            values = tf.gather(s["global"].read_value(), self._selection(unit, s["core"]))
-        shape = unit.replica.shape.as_list()
-        if not shape:
-            update = unit.replica.assign(tf.reshape(values, []), read_value=False)
-        else:
-            where = tf.transpose(tf.unravel_index(sel + unit.start, shape))
-            update = tf.raw_ops.ResourceScatterNdUpdate(ref=unit.replica.handle, indices=where, updates=values)
+            # the PS's own record of the round's coordinates: no indices cross the network
+            values = tf.gather(s["global"].read_value(), s["selected"].read_value())
+        update = ptf_ops.flat_scatter_update(unit.replica, sel + unit.start, values)
         if self.error_feedback:
             clear = s["sum"].scatter_update(tf.IndexedSlices(tf.zeros_like(values), sel)).op
         else:
@@ -320,6 +319,10 @@ def _clone(optimizer):
                          f"tf.compat.v1.train.Optimizer; got {type(optimizer).__name__}")
     clone = copy.copy(optimizer)
     clone._slots, clone._non_slot_dict, clone._deferred_slot_restorations = {}, {}, {}
+    base = tf.compat.v1.train.Optimizer._resource_apply_sparse_duplicate_indices
+    if type(clone)._resource_apply_sparse_duplicate_indices is base:
+        # a round's coordinates are unique by construction: no Unique + segment sum per apply
+        clone._resource_apply_sparse_duplicate_indices = clone._resource_apply_sparse
     return clone
 
 

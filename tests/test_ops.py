@@ -111,3 +111,40 @@ def test_errors_name_what_is_wrong(build, message):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)").replace("+", r"\+")):
         run(build)
+
+
+@pytest.mark.parametrize("n,core_size,count", [(1000, 100, 60), (200, 0, 200), (129, 64, 65), (64, 1, 0)])
+def test_round_selection_is_core_and_explored_merged(n, core_size, count):
+    core = np.sort(np.random.RandomState(n).choice(n, core_size, replace=False)).astype(np.int32)
+    selected = run(lambda: ops.round_selection(core, n, 7, 3, count))
+    want = np.sort(np.concatenate([core, explore_reference(core, n, count, 7, 3)]))
+    np.testing.assert_array_equal(selected, want)
+    assert selected.dtype == np.int32 and len(set(selected)) == core_size + count
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("shape", ([], [7], [3, 4], [2, 3, 5]))
+def test_flat_scatter_update_writes_flat_positions_of_any_shape(dtype, shape):
+    start = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    where = np.array([0] if not shape else [int(np.prod(shape)) - 1, 0, 2], np.int32)
+    values = np.array([-1.5, 4.25, 9.0][:len(where)], dtype)
+    want = start.copy().reshape(-1)
+    want[where] = values
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        variable = tf.Variable(start, use_resource=True)
+        sess.run(variable.initializer)
+        sess.run(ops.flat_scatter_update(variable, where, values))
+        np.testing.assert_array_equal(sess.run(variable), want.reshape(shape))
+
+
+def test_flat_scatter_update_errors_write_nothing():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        variable = tf.Variable(np.zeros([2, 3], np.float32), use_resource=True)
+        sess.run(variable.initializer)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 6 at position 1 is outside \[0, 6\)"):
+            sess.run(ops.flat_scatter_update(variable, np.array([0, 6], np.int32), np.ones(2, np.float32)))
+        np.testing.assert_array_equal(sess.run(variable), np.zeros([2, 3]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="the variable holds float, the updates double"):
+            sess.run(ops.flat_scatter_update(variable, np.array([0], np.int32), np.ones(1, np.float64)))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="vectors of one length"):
+            sess.run(ops.flat_scatter_update(variable, np.array([0, 1], np.int32), np.ones(1, np.float32)))

@@ -1,12 +1,18 @@
 """The compiled ops against the best composition of stock TF ops doing the same.
 
-    python -m tools.bench_ops [--case all|significance|stash] [--elements 10000000] [--repeats 5]
+    python -m tools.bench_ops [--case all|significance|round|stash] [--elements 10000000] [--repeats 5]
                               [--stash_pairs 2000]
 
 Significance selection on a variable of --elements float32 values: core set by |w| + lambda|u|
 and an explored set from the complement, sorted. Stock: tf.math.top_k for the core, a stateless
 uniform draw masked on the core (tensor_scatter_nd_update) and top_k again for the explored set,
 tf.sort for both. Prints milliseconds (median after a warm-up run) and the speed-up.
+
+A Slim-DP round on the same variable (core 10%, explored 2%): the round's selection from a given
+core set (ParallaxRoundSelection; stock: the masked stateless draw + top_k above, then concat and
+tf.sort, and the route's former ParallaxExploreIndices + concat + tf.sort), and writing the
+selected coordinates into a [rows, 1000] replica (ParallaxFlatScatterUpdate; stock:
+UnravelIndex + Transpose + ResourceScatterNdUpdate, or read + tensor_scatter_nd_update + assign).
 
 Input stash (DSP) on a [256, 4096] float32 stage input with staleness 4 (5 batches in flight):
 one session.run stores batch b and takes batch b - 4, the steady state of a pipeline stage.
@@ -25,7 +31,7 @@ from parallax_tf import ops
 
 flags.DEFINE_integer("elements", 10_000_000, "Elements of the variable.")
 flags.DEFINE_integer("repeats", 5, "Timed runs per case (median reported).")
-flags.DEFINE_enum("case", "all", ["all", "significance", "stash"], "Which ops to benchmark.")
+flags.DEFINE_enum("case", "all", ["all", "significance", "round", "stash"], "Which ops to benchmark.")
 flags.DEFINE_integer("stash_pairs", 2000, "Timed put+take pairs per stash variant (median reported).")
 FLAGS = flags.FLAGS
 
@@ -40,11 +46,13 @@ def stock_selection(weights, update, lam, seed, round_index, core_size, explore_
 
 
 def median_ms(sess, target, repeats: int) -> float:
-    sess.run(target)
+    """`target`: what to run, or (what to run, its feed)."""
+    target, feed = target if isinstance(target, tuple) else (target, None)
+    sess.run(target, feed)
     times = []
     for _ in range(repeats):
         began = time.perf_counter()
-        sess.run(target)
+        sess.run(target, feed)
         times.append(time.perf_counter() - began)
     return 1000 * float(np.median(times))
 
@@ -52,6 +60,8 @@ def median_ms(sess, target, repeats: int) -> float:
 def main(argv):
     if FLAGS.case in ("all", "significance"):
         bench_significance()
+    if FLAGS.case in ("all", "round"):
+        bench_round()
     if FLAGS.case in ("all", "stash"):
         bench_stash()
 
@@ -75,10 +85,52 @@ def bench_significance():
                 theirs = median_ms(sess, [tf.reduce_sum(t) for t in stock], FLAGS.repeats)
                 rows.append((f"{core_fraction:.0%}", f"{explore_fraction:.0%}", f"{ours:.1f}", f"{theirs:.1f}",
                              f"{theirs / ours:.2f}x"))
+    print_table(f"significance selection, {n:,} float32 elements", rows)
+
+
+def print_table(title: str, rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print(f"significance selection, {n:,} float32 elements, {tf.config.threading.get_intra_op_parallelism_threads() or 'default'} intra-op threads")
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or "default"
+    print(f"{title}, {threads} intra-op threads")
     for row in rows:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+
+
+def bench_round(core_fraction: float = 0.10, explore_fraction: float = 0.02):
+    n = FLAGS.elements
+    rng = np.random.RandomState(0)
+    core_size, explore_size = int(core_fraction * n), int(explore_fraction * n)
+    shape = [n // 1000, 1000]
+    rows = [("step", "parallax op ms", "stock ops ms", "speed-up", "stock composition")]
+    with tf.Graph().as_default():
+        # variables, not constants: grappler would fold a selection of constants before timing
+        core = tf.Variable(np.sort(rng.choice(n, core_size, replace=False)).astype(np.int32)).read_value()
+        seed, round_index = tf.Variable(7, dtype=tf.int64).read_value(), tf.Variable(3, dtype=tf.int64).read_value()
+        replica = tf.Variable(tf.zeros(shape), use_resource=True)
+        selected = ops.round_selection(core, n, seed, round_index, explore_size)
+        values = tf.random.stateless_uniform([core_size + explore_size], seed=[1, 2])
+        draw = tf.random.stateless_uniform([n], seed=tf.stack([seed, round_index]))
+        draw = tf.tensor_scatter_nd_update(draw, core[:, None], -tf.ones_like(core, tf.float32))
+        stock_draw = tf.math.top_k(draw, explore_size, sorted=False).indices
+        former = ops.explore_indices(core, n, seed, round_index, explore_size)
+        scatter_nd = tf.raw_ops.ResourceScatterNdUpdate(
+            ref=replica.handle, indices=tf.transpose(tf.unravel_index(selected, shape)), updates=values)
+        copied = replica.assign(tf.reshape(tf.tensor_scatter_nd_update(
+            tf.reshape(replica.read_value(), [-1]), selected[:, None], values), shape), read_value=False)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            fixed = sess.run({"selected": selected, "values": values})
+            feed = {selected: fixed["selected"], values: fixed["values"]}     # scatters time the write only
+            ours = median_ms(sess, tf.reduce_sum(selected), FLAGS.repeats)
+            for name, other in (("draw + top_k + concat + sort", stock_draw), ("explore op + concat + sort", former)):
+                theirs = median_ms(sess, tf.reduce_sum(tf.sort(tf.concat([core, other], 0))), FLAGS.repeats)
+                rows.append(("selection", f"{ours:.1f}", f"{theirs:.1f}", f"{theirs / ours:.2f}x", name))
+            ours = median_ms(sess, (ops.flat_scatter_update(replica, selected, values), feed), FLAGS.repeats)
+            for name, other in (("unravel + transpose + scatter_nd", scatter_nd), ("read + scatter + assign", copied)):
+                theirs = median_ms(sess, (other, feed), FLAGS.repeats)
+                rows.append(("write", f"{ours:.1f}", f"{theirs:.1f}", f"{theirs / ours:.2f}x", name))
+    print_table(f"a Slim-DP round on {n:,} float32 elements (core {core_fraction:.0%}, explored "
+                f"{explore_fraction:.0%}, replica {shape[0]}x{shape[1]})", rows)
 
 
 

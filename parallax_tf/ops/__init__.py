@@ -27,6 +27,8 @@ def load():
         _LIBRARY = tf.load_op_library(found[0])
         tf.no_gradient("ParallaxSignificanceSelect")
         tf.no_gradient("ParallaxExploreIndices")
+        tf.no_gradient("ParallaxRoundSelection")
+        tf.no_gradient("ParallaxFlatScatterUpdate")
         tf.no_gradient("ParallaxStaleApply")
         tf.no_gradient("ParallaxVersionedRead")
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
@@ -50,6 +52,19 @@ def explore_indices(core, n: int, seed, round_index, explore_size: int):
     variable with n elements), seed and round: any rank that knows the core set draws it."""
     return load().parallax_explore_indices(core=core, seed=tf.cast(seed, tf.int64),
                                            round=tf.cast(round_index, tf.int64), n=n, explore_size=explore_size)
+
+
+def round_selection(core, n: int, seed, round_index, explore_size: int):
+    """A round's selected coordinates: the core set and explore_indices' draw for it, merged
+    ascending (int32, len(core) + explore_size), in O(len(core) + explore_size + n / 64)."""
+    return load().parallax_round_selection(core=core, seed=tf.cast(seed, tf.int64),
+                                           round=tf.cast(round_index, tf.int64), n=n, explore_size=explore_size)
+
+
+def flat_scatter_update(variable, indices, updates) -> tf.Operation:
+    """variable.flat[indices[i]] = updates[i] (int32 indices into the flattened variable, any
+    shape), under the variable's lock."""
+    return load().parallax_flat_scatter_update(resource=_handle(variable), indices=indices, updates=updates)
 
 
 STALENESS_RULES = ("none", "inverse", "exp")

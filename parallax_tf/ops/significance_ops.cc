@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,31 +42,31 @@ inline uint64_t Draw(uint64_t seed, uint64_t round, uint64_t counter, uint64_t b
   return SplitMix64(key + counter) % bound;
 }
 
-// Robert Floyd's sampling: `count` distinct positions of [0, m) in O(count), then mapped to
-// the indices of [0, n) that are not in the sorted `core`. Output ascending.
+// Robert Floyd's sampling: `count` distinct positions of [0, m) in O(count), marked in a bitmap
+// (m / 8 bytes) whose set bits, read in order, are the positions ascending without a sort; then
+// mapped to the indices of [0, n) that are not in the sorted `core`. Output ascending.
 void Explore(const int32_t* core, int64_t core_size, int64_t n, int64_t count, uint64_t seed,
              uint64_t round, int32_t* out) {
   const int64_t m = n - core_size;
-  std::unordered_set<int64_t> chosen;
-  chosen.reserve(count * 2);
-  std::vector<int64_t> positions;
-  positions.reserve(count);
+  std::vector<uint64_t> chosen((m + 63) / 64, 0);
+  auto taken = [&chosen](int64_t t) { return (chosen[t >> 6] >> (t & 63)) & 1; };
   for (int64_t j = m - count, k = 0; j < m; ++j, ++k) {
     int64_t t = static_cast<int64_t>(Draw(seed, round, k, j + 1));
-    if (chosen.count(t)) t = j;
-    chosen.insert(t);
-    positions.push_back(t);
+    if (taken(t)) t = j;    // j itself was never drawable before: Floyd's step
+    chosen[t >> 6] |= uint64_t{1} << (t & 63);
   }
-  std::sort(positions.begin(), positions.end());
   // position p of the complement is index p + (number of core indices <= that index)
-  int64_t c = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t index = positions[i] + c;
-    while (c < core_size && core[c] <= index) {
-      ++c;
-      index = positions[i] + c;
+  int64_t c = 0, i = 0;
+  for (int64_t word = 0; word < static_cast<int64_t>(chosen.size()); ++word) {
+    for (uint64_t bits = chosen[word]; bits; bits &= bits - 1) {
+      const int64_t position = word * 64 + __builtin_ctzll(bits);
+      int64_t index = position + c;
+      while (c < core_size && core[c] <= index) {
+        ++c;
+        index = position + c;
+      }
+      out[i++] = static_cast<int32_t>(index);
     }
-    out[i] = static_cast<int32_t>(index);
   }
 }
 
@@ -123,6 +122,9 @@ class SignificanceSelectOp : public OpKernel {
   int64_t explore_size_;
 };
 
+// The explored set of a round (Merged = false), or the round's whole selection, core and
+// explored merged ascending (Merged = true), for a core set every rank and the PS share.
+template <bool Merged>
 class ExploreIndicesOp : public OpKernel {
  public:
   explicit ExploreIndicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -131,23 +133,30 @@ class ExploreIndicesOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    const char* op = Merged ? "ParallaxRoundSelection" : "ParallaxExploreIndices";
     const Tensor& core = ctx->input(0);
     const uint64_t seed = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
     const uint64_t round = static_cast<uint64_t>(ctx->input(2).scalar<int64_t>()());
-    OP_REQUIRES(ctx, core.dims() == 1, Invalid("ParallaxExploreIndices: core must be a vector"));
+    OP_REQUIRES(ctx, core.dims() == 1, Invalid(op, ": core must be a vector"));
     const int64_t c = core.NumElements();
     const int32_t* idx = core.flat<int32_t>().data();
     for (int64_t i = 0; i < c; ++i) {
       OP_REQUIRES(ctx, idx[i] >= 0 && idx[i] < n_ && (i == 0 || idx[i - 1] < idx[i]),
-                  Invalid("ParallaxExploreIndices: core must be sorted, unique and in [0, ", n_,
-                                  "); position ", i, " holds ", idx[i]));
+                  Invalid(op, ": core must be sorted, unique and in [0, ", n_, "); position ", i, " holds ",
+                          idx[i]));
     }
     OP_REQUIRES(ctx, c + explore_size_ <= n_,
-                Invalid("ParallaxExploreIndices: ", c, " core + ", explore_size_,
-                                " explored exceeds the ", n_, " elements"));
+                Invalid(op, ": ", c, " core + ", explore_size_, " explored exceeds the ", n_, " elements"));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({explore_size_}), &out));
-    Explore(idx, c, n_, explore_size_, seed, round, out->flat<int32_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({Merged ? c + explore_size_ : explore_size_}), &out));
+    int32_t* result = out->flat<int32_t>().data();
+    if (!Merged) {
+      Explore(idx, c, n_, explore_size_, seed, round, result);
+      return;
+    }
+    std::vector<int32_t> explored(explore_size_);
+    Explore(idx, c, n_, explore_size_, seed, round, explored.data());
+    std::merge(idx, idx + c, explored.begin(), explored.end(), result);    // disjoint, both ascending
   }
 
  private:
@@ -193,12 +202,32 @@ REGISTER_OP("ParallaxExploreIndices")
     })
     .Doc("The explored set ParallaxSignificanceSelect draws for this core set, seed and round.");
 
+REGISTER_OP("ParallaxRoundSelection")
+    .Input("core: int32")
+    .Input("seed: int64")
+    .Input("round: int64")
+    .Output("selected: int32")
+    .Attr("n: int >= 0")
+    .Attr("explore_size: int >= 0")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int64_t explore_size;
+      TF_RETURN_IF_ERROR(c->GetAttr("explore_size", &explore_size));
+      shape_inference::ShapeHandle core;
+      shape_inference::DimensionHandle size;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &core));
+      TF_RETURN_IF_ERROR(c->Add(c->Dim(core, 0), explore_size, &size));
+      c->set_output(0, c->Vector(size));
+      return absl::OkStatus();
+    })
+    .Doc("A round's selection: the core set and the explored set ParallaxExploreIndices draws, merged ascending.");
+
 REGISTER_KERNEL_BUILDER(
     Name("ParallaxSignificanceSelect").Device(DEVICE_CPU).TypeConstraint<float>("T"),
     SignificanceSelectOp<float>);
 REGISTER_KERNEL_BUILDER(
     Name("ParallaxSignificanceSelect").Device(DEVICE_CPU).TypeConstraint<double>("T"),
     SignificanceSelectOp<double>);
-REGISTER_KERNEL_BUILDER(Name("ParallaxExploreIndices").Device(DEVICE_CPU), ExploreIndicesOp);
+REGISTER_KERNEL_BUILDER(Name("ParallaxExploreIndices").Device(DEVICE_CPU), ExploreIndicesOp<false>);
+REGISTER_KERNEL_BUILDER(Name("ParallaxRoundSelection").Device(DEVICE_CPU), ExploreIndicesOp<true>);
 
 }  // namespace parallax
