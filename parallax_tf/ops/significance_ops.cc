@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -104,15 +105,17 @@ class SignificanceSelectOp : public OpKernel {
       const T* u = update.flat<T>().data();
       std::vector<T> score(n);
       for (int64_t i = 0; i < n; ++i) score[i] = std::abs(w[i]) + static_cast<T>(lambda) * std::abs(u[i]);
-      std::vector<int32_t> order(n);
-      for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
-      // larger score first, lower index first among equal scores: deterministic
-      auto before = [&score](int32_t a, int32_t b) {
-        return score[a] > score[b] || (score[a] == score[b] && a < b);
-      };
-      std::nth_element(order.begin(), order.begin() + (core_size_ - 1), order.end(), before);
-      std::copy(order.begin(), order.begin() + core_size_, core);
-      std::sort(core, core + core_size_);
+      // The core_size-th largest score by nth_element on a copy of the scores (contiguous, no
+      // indirection), then one ascending pass: every score above it, and of the scores equal to
+      // it the lowest indices (deterministic ties). Output ascending without a sort.
+      std::vector<T> ranked(score);
+      std::nth_element(ranked.begin(), ranked.begin() + (core_size_ - 1), ranked.end(), std::greater<T>());
+      const T threshold = ranked[core_size_ - 1];
+      int64_t ties = core_size_;
+      for (int64_t i = 0; i < n; ++i) ties -= score[i] > threshold;
+      for (int64_t i = 0, k = 0; i < n && k < core_size_; ++i) {
+        if (score[i] > threshold || (score[i] == threshold && ties-- > 0)) core[k++] = static_cast<int32_t>(i);
+      }
     }
     Explore(core, core_size_, n, explore_size_, seed, round, explored_out->flat<int32_t>().data());
   }
