@@ -191,6 +191,8 @@ class SignificantRoute:
 
     def _push(self, packet: _Packet) -> tf.Operation:
         with tf.device(self.topo.worker_device):
+            # a read and gather, not sparse_read: that would make the accumulator copy-on-read,
+            # and every step's assign_add would then copy it whole
             values = tf.concat([tf.gather(s["sum"].read_value(), s["selection"]) for _, s in packet.members], 0)
         with tf.device(packet.accumulator.accumulator_ref.device):
             return packet.accumulator.apply_grad(values, local_step=self.round)
@@ -241,14 +243,14 @@ class SignificantRoute:
         from parallax_tf import ops as ptf_ops
         with tf.device(f"/job:ps/task:{packet.server}"):
             # the PS's own record of the round's coordinates: no indices cross the network
-            values = tf.concat([tf.gather(s["global"].read_value(), s["selected"].read_value())
-                                for _, s in packet.members], 0)
+            # sparse_read: the global copy is copy-on-read (sparse applies), a read would copy it all
+            values = tf.concat([s["global"].sparse_read(s["selected"].read_value()) for _, s in packet.members], 0)
         writes = []
         with tf.device(self.topo.worker_device):
             for (unit, s), part in zip(packet.members, tf.split(values, packet.sizes)):
                 writes.append(ptf_ops.flat_scatter_update(unit.replica, s["selection"] + unit.start, part))
                 if self.error_feedback:
-                    writes.append(s["sum"].scatter_update(tf.IndexedSlices(tf.zeros_like(part), s["selection"])).op)
+                    writes.append(ptf_ops.flat_scatter_update(s["sum"], s["selection"], tf.zeros_like(part)))
                 else:
                     writes.append(s["sum"].assign(tf.zeros_like(s["sum"]), read_value=False))
         return tf.group(*writes)

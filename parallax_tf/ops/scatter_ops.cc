@@ -48,9 +48,13 @@ class FlatScatterUpdateOp : public OpKernel {
                         tensorflow::DataTypeString(tensorflow::DataTypeToEnum<T>::v())));
     OP_REQUIRES(ctx, var->is_initialized,
                 absl::FailedPreconditionError("ParallaxFlatScatterUpdate: the variable is not initialized"));
-    // copy-on-read variables (a tf.function holds a reference) are copied before writing
-    OP_REQUIRES_OK(ctx, tensorflow::EnsureSparseVariableAccess<CPUDevice, T>(ctx, var.get()));
+    // Written like a dense update (TF's Assign*VariableOp): under the exclusive lock, the buffer
+    // copied first only if a read still holds it. Not EnsureSparseVariableAccess, as TF's
+    // scatter kernels do: that turns the variable copy-on-read for good, and then every read and
+    // every dense apply of it (the model's forward pass and optimizer) copies the whole tensor.
     tensorflow::mutex_lock lock(*var->mu());
+    OP_REQUIRES_OK(ctx, (tensorflow::PrepareToUpdateVariable<CPUDevice, T>(ctx, var->tensor(),
+                                                                          var->copy_on_read_mode.load())));
     auto flat = var->tensor()->flat<T>();
     const int64_t n = flat.size(), k = indices.NumElements();
     const int32_t* idx = indices.flat<int32_t>().data();
