@@ -148,3 +148,18 @@ def test_flat_scatter_update_errors_write_nothing():
             sess.run(ops.flat_scatter_update(variable, np.array([0], np.int32), np.ones(1, np.float64)))
         with pytest.raises(tf.errors.InvalidArgumentError, match="vectors of one length"):
             sess.run(ops.flat_scatter_update(variable, np.array([0, 1], np.int32), np.ones(1, np.float32)))
+
+
+def test_flat_scatter_update_leaves_a_read_taken_before_it_unchanged():
+    """Written like a dense update: a value read earlier in the step still holds the old buffer."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        variable = tf.Variable(np.zeros([2, 2], np.float32), use_resource=True)
+        sess.run(variable.initializer)
+        before = variable.read_value()
+        with tf.control_dependencies([before]):
+            write = ops.flat_scatter_update(variable, np.array([3], np.int32), np.array([5.0], np.float32))
+        with tf.control_dependencies([write]):
+            after = variable.read_value()
+        old, new = sess.run([before, after])
+        np.testing.assert_array_equal(old, np.zeros([2, 2]))
+        np.testing.assert_array_equal(new, [[0, 0], [0, 5]])
