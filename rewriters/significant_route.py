@@ -55,7 +55,8 @@ class _Unit:
 @dataclasses.dataclass
 class _Packet:
     """The units of one PS task and dtype: a round moves their values in one tensor each way, one
-    RPC per direction instead of one per unit (each costs ~0.8 ms of CPU on the rig's hosts)."""
+    transfer per direction instead of one per unit (cnn, 2 ranks: 9 instead of 40 per step; on
+    the 8-host rig the speed did not change measurably, 396 vs 399 examples/s)."""
     server: int
     members: list             # [(unit, its variables)]
     accumulator: object       # the ranks' pushes of a round, summed
