@@ -312,16 +312,23 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
                       cpu_bound_s=cpu_bound)
 
 
-STANZA_MARGIN = 0.95    # auto switches to stanza only when predicted at least 5% faster
+STANZA_MARGIN = 0.95    # auto switches to stanza only when predicted at least 5% faster per batch
 
 
-def prefers_stanza(stanza_s: float, data_parallel_s: float) -> bool:
-    return stanza_s <= STANZA_MARGIN * data_parallel_s
+def per_batch_s(step_s: float, ranks: int, fc_nodes: int = 0) -> float:
+    """Seconds per batch trained. Stanza's FC nodes read no data: its step trains ranks - fc_nodes
+    batches where data parallelism trains ranks, so throughput compares these, not step times."""
+    return step_s / (ranks - fc_nodes)
+
+
+def prefers_stanza(stanza_s: float, fc_nodes: int, data_parallel_s: float, ranks: int) -> bool:
+    return per_batch_s(stanza_s, ranks, fc_nodes) <= STANZA_MARGIN * per_batch_s(data_parallel_s, ranks)
 
 
 def choose_fc_nodes(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float,
                     microbatches: int = 1) -> Tuple[int, Prediction]:
-    """The FC node count with the shortest predicted step (at most half the ranks)."""
+    """The FC node count with the shortest predicted time per batch trained (at most half the
+    ranks), and its prediction."""
     options = range(1, max(1, cluster.ranks // 2) + 1)
     return min(((f, predict_stanza(loads, split, cluster, compute_s, f, microbatches)) for f in options),
-               key=lambda item: (item[1].step_s, item[0]))
+               key=lambda item: (per_batch_s(item[1].step_s, cluster.ranks, item[0]), item[0]))

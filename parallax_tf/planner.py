@@ -36,7 +36,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     stanza = _auto_stanza(capture, cost_cluster, auto) if auto else None
     if stanza is not None and not auto_stanza:     # say so, and keep the batch the user chose
         fc_nodes, why = stanza
-        auto = {name: (choice, f"{reason}; stanza predicted faster ({why}) but not chosen: its FC node(s) read "
+        auto = {name: (choice, f"{reason}; stanza predicted faster per batch ({why}) but not chosen: its FC node(s) read "
                                f"no data, so a step would train on {_batches(num_ranks - fc_nodes)} instead of "
                                f"{num_ranks} (--auto_stanza allows it)")
                 for name, (choice, reason) in auto.items()}
@@ -46,8 +46,7 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                          route_options={**route_options, ROUTE_FC_NODE: {
                              **route_options.get(ROUTE_FC_NODE, {}), "fc_nodes": fc_nodes}})
         for entry in plan.variables:
-            entry.reason = (f"auto chose stanza ({why}; a step trains on {_batches(num_ranks - fc_nodes)}, "
-                            f"one per conv node): {entry.reason}")
+            entry.reason = f"auto chose stanza ({why}; one batch per conv node): {entry.reason}"
         return plan
     split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
     pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
@@ -220,8 +219,8 @@ def _batches(n: int) -> str:
 
 
 def _auto_stanza(capture: Capture, cluster, auto: dict):
-    """(FC nodes, why) when the cost model predicts Stanza faster than the per-variable plan by
-    5% or more, else None. (Stanza on 2 ranks is 1 conv node: it trains on half the batches.)"""
+    """(FC nodes, why) when the cost model predicts Stanza to train a batch 5% or more faster than
+    the per-variable plan, else None. (Stanza on 2 ranks is 1 conv node: half the batches a step.)"""
     from parallax_tf import costmodel
     split = costmodel.layer_split_load(capture)
     if split is None or cluster.ranks < 2:
@@ -233,10 +232,13 @@ def _auto_stanza(capture: Capture, cluster, auto: dict):
     per_variable = costmodel.predict(loads, {name: choice for name, (choice, _) in auto.items()}, cluster,
                                      compute).step_s
     fc_nodes, predicted = costmodel.choose_fc_nodes(loads, split, cluster, compute)
-    if not costmodel.prefers_stanza(predicted.step_s, per_variable):
+    ranks = cluster.ranks
+    if not costmodel.prefers_stanza(predicted.step_s, fc_nodes, per_variable, ranks):
         return None
-    return fc_nodes, (f"predicted step {predicted.step_s * 1000:.1f}ms with {fc_nodes} FC node(s) vs "
-                      f"{per_variable * 1000:.1f}ms data parallel")
+    return fc_nodes, (f"predicted {costmodel.per_batch_s(predicted.step_s, ranks, fc_nodes) * 1000:.1f}ms per batch "
+                      f"with {fc_nodes} FC node(s), a {predicted.step_s * 1000:.1f}ms step of "
+                      f"{_batches(ranks - fc_nodes)}, vs {costmodel.per_batch_s(per_variable, ranks) * 1000:.1f}ms "
+                      f"data parallel, a {per_variable * 1000:.1f}ms step of {_batches(ranks)}")
 
 
 def _route(strategy: str, info: VariableInfo, split: Optional[LayerSplit] = None, head=None):

@@ -211,6 +211,23 @@ def test_cost_model_prefers_stanza_for_an_fc_heavy_model_on_slow_links():
     assert costmodel.predict_stanza(loads, split, fast, 0.1, 1).step_s < stanza.step_s
 
 
+def test_auto_compares_stanza_per_batch_trained_not_per_step():
+    # a stanza step trains N - F batches, a data-parallel step N (the cnn on 2 hosts at 1 Gbit ran
+    # stanza at the same step time as hybrid and half its examples/s)
+    from parallax_tf import costmodel
+    assert not costmodel.prefers_stanza(0.7, 1, 1.0, 2)       # 0.7 s per batch vs 0.5
+    assert costmodel.prefers_stanza(0.45, 1, 1.0, 2)
+    assert costmodel.prefers_stanza(0.8, 1, 1.0, 8)           # 0.114 vs 0.95 x 0.125 = 0.119
+    assert not costmodel.prefers_stanza(0.85, 1, 1.0, 8)      # 0.121
+    loads, split = _fc_heavy_loads(head_bytes=4096)
+    split.head_compute_s = 0.5
+    cluster = costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8)
+    fc_nodes, chosen = costmodel.choose_fc_nodes(loads, split, cluster, 0.6)
+    for other in range(1, 5):
+        step = costmodel.predict_stanza(loads, split, cluster, 0.6, other).step_s
+        assert chosen.step_s / (8 - fc_nodes) <= step / (8 - other)
+
+
 def test_cost_model_runs_the_fc_node_on_its_share_of_the_cores():
     # 8 hosts on 2 cores, a quarter core each (the rig's quotas): the FC node computes the head for
     # 7 conv nodes (7 x 50 ms) on its quarter core; pooling every node's CPU over the 2 cores
@@ -263,8 +280,9 @@ def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
     slow = costmodel.Cluster(8, bandwidth_bytes_per_s=10e6 / 8)
     plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow, auto_stanza=True)
     assert plan.strategy == "stanza" and plan.split.fc_ranks == [7]
-    assert all(v.reason.startswith("auto chose stanza (predicted step ") for v in plan.variables)
-    assert "a step trains on 7 batches" in plan.variables[0].reason
+    assert all(v.reason.startswith("auto chose stanza (predicted ") and "ms per batch with 1 FC node(s)" in v.reason
+               for v in plan.variables)
+    assert "step of 7 batches" in plan.variables[0].reason and "step of 8 batches" in plan.variables[0].reason
     # by default auto keeps the batch: it stays data parallel and says what it left out
     plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow)
     assert plan.strategy == "auto" and plan.split is None

@@ -57,7 +57,7 @@ def main(argv):
         if split:
             fc, predicted = costmodel.choose_fc_nodes(loads, split, cluster, captured.compute_s)
             steps["stanza"], fc_nodes = predicted.step_s, f"  {fc:8d}"
-            if costmodel.prefers_stanza(predicted.step_s, steps["auto"]):     # the planner's rule
+            if costmodel.prefers_stanza(predicted.step_s, fc, steps["auto"], cluster.ranks):   # the planner's rule
                 steps["auto"] = predicted.step_s
         print(f"{hosts:>5}  " + "  ".join(f"{steps[n] * 1000:9.1f}" for n in names)
               + f"  {steps['horovod'] / steps['hybrid']:13.2f}x" + fc_nodes
