@@ -36,9 +36,9 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     stanza = _auto_stanza(capture, cost_cluster, auto) if auto else None
     if stanza is not None and not auto_stanza:     # say so, and keep the batch the user chose
         fc_nodes, why = stanza
-        auto = {name: (choice, f"{reason}; stanza predicted faster per batch ({why}) but not chosen: its FC node(s) read "
-                               f"no data, so a step would train on {_batches(num_ranks - fc_nodes)} instead of "
-                               f"{num_ranks} (--auto_stanza allows it)")
+        auto = {name: (choice, f"{reason}; stanza predicted faster per batch ({why}) but not chosen: its FC "
+                               f"node(s) read no data, so a step would train on {_batches(num_ranks - fc_nodes)} "
+                               f"instead of {num_ranks} (--auto_stanza allows it)")
                 for name, (choice, reason) in auto.items()}
     elif stanza is not None:        # the cost model prefers layer separation: plan that instead
         fc_nodes, why = stanza

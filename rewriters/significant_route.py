@@ -253,7 +253,7 @@ class SignificantRoute:
                 if self.error_feedback:
                     writes.append(ptf_ops.flat_scatter_update(s["sum"], s["selection"], tf.zeros_like(part)))
                 else:
-                    writes.append(s["sum"].assign(tf.zeros_like(s["sum"]), read_value=False))
+                    writes.append(s["sum"].assign(tf.zeros([unit.size], part.dtype), read_value=False))
         return tf.group(*writes)
 
     def _release(self, after) -> tf.Operation:
