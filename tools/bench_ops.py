@@ -126,7 +126,9 @@ def bench_round(core_fraction: float = 0.10, explore_fraction: float = 0.02):
                 theirs = median_ms(sess, tf.reduce_sum(tf.sort(tf.concat([core, other], 0))), FLAGS.repeats)
                 rows.append(("selection", f"{ours:.1f}", f"{theirs:.1f}", f"{theirs / ours:.2f}x", name))
             ours = median_ms(sess, (ops.flat_scatter_update(replica, selected, values), feed), FLAGS.repeats)
-            for name, other in (("unravel + transpose + scatter_nd", scatter_nd), ("read + scatter + assign", copied)):
+            # the dense copy before scatter_nd: TF's scatter turns the replica copy-on-read, and
+            # every later read of it would copy it whole
+            for name, other in (("read + scatter + assign", copied), ("unravel + transpose + scatter_nd", scatter_nd)):
                 theirs = median_ms(sess, (other, feed), FLAGS.repeats)
                 rows.append(("write", f"{ours:.1f}", f"{theirs:.1f}", f"{theirs / ours:.2f}x", name))
     print_table(f"a Slim-DP round on {n:,} float32 elements (core {core_fraction:.0%}, explored "
