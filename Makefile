@@ -7,7 +7,7 @@ STAMP := $(VENV)/.parallax_setup/ready
 
 setup: $(STAMP)
 
-$(STAMP): tools/setup.sh setup.py parallax_tf/native/bind_shim.c $(wildcard parallax_tf/ops/*.cc)
+$(STAMP): tools/setup.sh setup.py parallax_tf/native/bind_shim.c $(wildcard parallax_tf/ops/*.cc parallax_tf/ops/*.h)
 	bash tools/setup.sh
 	touch $(STAMP)
 

@@ -8,6 +8,7 @@ def _ops_extension() -> Extension:
     (C++17 and the C++11 ABI come from tf.sysconfig and must not be overridden; see BUILD.md)."""
     import tensorflow as tf
     return Extension("parallax_tf._parallax_ops", sorted(glob.glob("parallax_tf/ops/*.cc")), language="c++",
+                     include_dirs=["."], depends=sorted(glob.glob("parallax_tf/ops/*.h")),
                      extra_compile_args=tf.sysconfig.get_compile_flags() + ["-O3", "-fPIC"],
                      extra_link_args=tf.sysconfig.get_link_flags())
 

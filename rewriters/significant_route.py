@@ -208,11 +208,10 @@ class SignificantRoute:
         by_optimizer, remember = {}, []
         with tf.control_dependencies(pushes):
             for packet in packets:
-                with tf.device(f"/job:ps/task:{packet.server}"):
+                with tf.device(f"/job:ps/task:{packet.server}"):     # every member's server
                     total = packet.accumulator.take_grad(size)
                     means = tf.split(total / tf.cast(size, total.dtype), packet.sizes)
-                for (unit, s), mean in zip(packet.members, means):
-                    with tf.device(f"/job:ps/task:{unit.server}"):
+                    for (unit, s), mean in zip(packet.members, means):
                         # Every rank has pushed this round, so every rank has pulled the last one:
                         # the core set of a refresh becomes the one the PS selects with.
                         with tf.control_dependencies([mean]):
@@ -221,8 +220,8 @@ class SignificantRoute:
                             sel = self._selection(unit, s["core"])
                         remember.append(s["update"].scatter_update(tf.IndexedSlices(mean, sel)).op)
                         remember.append(s["selected"].assign(sel, read_value=False))
-                    by_optimizer.setdefault(id(unit.optimizer), (unit.optimizer, []))[1].append(
-                        (tf.IndexedSlices(mean, sel, tf.constant([unit.size], tf.int64)), s["global"]))
+                        by_optimizer.setdefault(id(unit.optimizer), (unit.optimizer, []))[1].append(
+                            (tf.IndexedSlices(mean, sel, tf.constant([unit.size], tf.int64)), s["global"]))
         applies = []
         for optimizer, pairs in by_optimizer.values():
             clone = _clone(optimizer)

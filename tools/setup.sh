@@ -70,7 +70,7 @@ fi
 
 # 4. The project itself (editable) and its compiled custom ops.
 # (find fails while project.done does not exist yet: `|| true` keeps set -e/pipefail from exiting)
-ops_newer=$(find "$root/parallax_tf/ops" -name '*.cc' -newer "$stamp_dir/project.done" 2>/dev/null | head -1 || true)
+ops_newer=$(find "$root/parallax_tf/ops" \( -name '*.cc' -o -name '*.h' \) -newer "$stamp_dir/project.done" 2>/dev/null | head -1 || true)
 if [ ! -f "$stamp_dir/project.done" ] || [ "$root/setup.py" -nt "$stamp_dir/project.done" ] || [ -n "$ops_newer" ] \
    || ! ls "$root"/parallax_tf/_bindshim*.so >/dev/null 2>&1 || ! ls "$root"/parallax_tf/_parallax_ops*.so >/dev/null 2>&1; then
   if [ -f "$root/setup.py" ]; then

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -31,11 +32,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::Var;
 namespace shape_inference = ::tensorflow::shape_inference;
-
-template <typename... Args>
-absl::Status Invalid(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
 
 enum class Optimizer { kSgd, kMomentum, kAdagrad, kAdam };
 enum class Rule { kNone, kInverse, kExp };

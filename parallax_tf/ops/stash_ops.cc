@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "parallax_tf/ops/op_errors.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "tensorflow/core/framework/op.h"
@@ -31,11 +32,6 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
-
-template <typename... Args>
-absl::Status Invalid(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
 
 // A FIFO because the stages of DSP run backward in the order they ran forward: the oldest entry
 // is always the one the next backward needs, and any other batch means the schedule broke.
