@@ -25,6 +25,8 @@ flags.DEFINE_integer("cnn_batch", 32, "Images per rank per step.")
 flags.DEFINE_float("cnn_learning_rate", 0.01, "Momentum optimizer learning rate.")
 flags.DEFINE_float("cnn_momentum", 0.9, "Momentum.")
 flags.DEFINE_float("cnn_noise", 1.0, "Standard deviation of the noise added to the class patterns.")
+flags.DEFINE_float("cnn_label_noise", 0.0, "Fraction of labels drawn uniformly at random: the held-out loss then "
+                   "has the floor models.data.label_entropy above 0, so strategies can be compared at convergence.")
 flags.DEFINE_bool("cnn_keras", False, "Build the CNN with tf_keras (Keras 2) layers, batch norm after each "
                   "conv, and the script's own train op (LR decay on the global step, model.updates).")
 FLAGS = flags.FLAGS
@@ -116,11 +118,14 @@ def make_keras_model_fn(image_size: int = DEFAULTS["image_size"], classes: int =
 
 
 def make_input_fn(image_size: int = DEFAULTS["image_size"], classes: int = DEFAULTS["classes"],
-                  batch: int = DEFAULTS["batch"], noise: float = DEFAULTS["noise"], seed: int = 0):
-    """input_fn(ctx) -> {"images", "labels"}: per-class patterns plus noise (same patterns on every rank)."""
+                  batch: int = DEFAULTS["batch"], noise: float = DEFAULTS["noise"], seed: int = 0,
+                  label_noise: float = 0.0):
+    """input_fn(ctx) -> {"images", "labels"}: per-class patterns plus noise (same patterns on every
+    rank); a label_noise fraction of the labels drawn at random (see data.pattern_images)."""
     def input_fn(ctx):
         rng = data.batch_rng(seed, ctx.rank, ctx.step)
-        images, labels = data.pattern_images(rng, batch, classes, image_size, image_size, CHANNELS, seed, noise)
+        images, labels = data.pattern_images(rng, batch, classes, image_size, image_size, CHANNELS, seed, noise,
+                                             label_noise)
         return {"images": images, "labels": labels}
     return input_fn
 
@@ -137,7 +142,7 @@ def from_flags():
                  fc_units=[int(u) for u in FLAGS.cnn_fc_units],
                  learning_rate=FLAGS.cnn_learning_rate, momentum=FLAGS.cnn_momentum)
     inputs = make_input_fn(image_size=FLAGS.cnn_image_size, classes=FLAGS.cnn_classes, batch=FLAGS.cnn_batch,
-                           noise=FLAGS.cnn_noise, seed=FLAGS.seed)
+                           noise=FLAGS.cnn_noise, seed=FLAGS.seed, label_noise=FLAGS.cnn_label_noise)
     return model, inputs
 
 

@@ -43,9 +43,23 @@ def class_templates(num_classes: int, height: int, width: int, channels: int, se
 
 
 def pattern_images(rng: np.random.RandomState, batch: int, num_classes: int, height: int, width: int,
-                   channels: int, seed: int, noise: float = 1.0):
-    """Images = class template + Gaussian noise; labels uniform over classes."""
+                   channels: int, seed: int, noise: float = 1.0, label_noise: float = 0.0):
+    """Images = class template + Gaussian noise; labels uniform over classes. With label_noise p a
+    label is replaced by a uniformly drawn one with probability p, so no model can beat the loss
+    floor label_entropy(p, num_classes): losses then converge to a known value instead of 0."""
     labels = rng.randint(0, num_classes, size=batch).astype(np.int64)
     templates = class_templates(num_classes, height, width, channels, seed)
     images = templates[labels] + noise * rng.normal(size=(batch, height, width, channels))
+    if label_noise:  # drawn after the images, so label_noise 0 keeps the streams of earlier runs
+        relabel = rng.random_sample(batch) < label_noise
+        labels = np.where(relabel, rng.randint(0, num_classes, size=batch), labels).astype(np.int64)
     return images.astype(np.float32), labels
+
+
+def label_entropy(label_noise: float, num_classes: int) -> float:
+    """Cross-entropy of the best possible classifier under pattern_images' label noise."""
+    if not label_noise:
+        return 0.0
+    other = label_noise / num_classes
+    right = 1.0 - label_noise + other
+    return float(-right * np.log(right) - (num_classes - 1) * other * np.log(other))

@@ -25,6 +25,8 @@ flags.DEFINE_integer("mlp_depth", 1, "Hidden layers of --mlp_hidden units (deep 
 flags.DEFINE_integer("mlp_vocab", 16, "Rows of the optional embedding (0: no embedding, no sparse variable).")
 flags.DEFINE_integer("mlp_embed_dim", 4, "Embedding width.")
 flags.DEFINE_integer("mlp_batch", 8, "Examples per rank per step.")
+flags.DEFINE_float("mlp_label_noise", 0.0, "Standard deviation of Gaussian noise added to the targets: the "
+                   "held-out loss (MSE) then has the floor label_noise**2, so runs can be compared at convergence.")
 flags.DEFINE_enum("mlp_optimizer", "sgd", list(OPTIMIZERS), "v1 optimizer.")
 flags.DEFINE_float("mlp_learning_rate", 0.1, "Learning rate.")
 FLAGS = flags.FLAGS
@@ -65,9 +67,10 @@ def make_model_fn(features: int = DEFAULTS["features"], hidden: int = DEFAULTS["
 
 
 def make_input_fn(features: int = DEFAULTS["features"], vocab: int = DEFAULTS["vocab"],
-                  batch: int = DEFAULTS["batch"], seed: int = 0):
+                  batch: int = DEFAULTS["batch"], seed: int = 0, label_noise: float = 0.0):
     """input_fn(ctx) -> {"features", "labels"[, "ids"]}: labels from a fixed random linear teacher
-    (plus a per-id offset when there is an embedding), so the loss can reach ~0."""
+    (plus a per-id offset when there is an embedding), so the loss can reach ~0; with label_noise
+    (a standard deviation) Gaussian noise is added to the labels and the loss floor is its square."""
     teacher = np.random.RandomState(seed + 4242)
     weights = teacher.normal(size=features).astype(np.float32)
     offsets = teacher.normal(size=max(vocab, 1)).astype(np.float32)
@@ -81,6 +84,8 @@ def make_input_fn(features: int = DEFAULTS["features"], vocab: int = DEFAULTS["v
             ids = rng.randint(0, vocab, size=batch).astype(np.int64)
             labels = labels + 0.5 * offsets[ids]
             batch_data["ids"] = ids
+        if label_noise:  # drawn last, so label_noise 0 keeps the streams of earlier runs
+            labels = labels + label_noise * rng.normal(size=batch)
         batch_data["labels"] = labels.astype(np.float32)
         return batch_data
     return input_fn
@@ -96,7 +101,7 @@ def from_flags():
                           embed_dim=FLAGS.mlp_embed_dim, optimizer=FLAGS.mlp_optimizer,
                           learning_rate=FLAGS.mlp_learning_rate, depth=FLAGS.mlp_depth)
     inputs = make_input_fn(features=FLAGS.mlp_features, vocab=FLAGS.mlp_vocab, batch=FLAGS.mlp_batch,
-                           seed=FLAGS.seed)
+                           seed=FLAGS.seed, label_noise=FLAGS.mlp_label_noise)
     return model, inputs
 
 

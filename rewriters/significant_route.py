@@ -8,8 +8,8 @@ gradient to an accumulator. A round, for each piece of a variable's flattened gl
      and refreshed every `refresh` rounds) plus an explored set drawn from the round number and
      a seed every rank shares, so only values cross the network, never indices;
   2. rank 0 takes the sum once all have pushed, and on the PS applies a copy of the model's
-     optimizer (slots next to the global copy) to the mean, as a sparse update of those
-     coordinates, then hands every other rank a token;
+     optimizer (slots next to the global copy) to the mean, as a dense update whose gradient is
+     zero at the coordinates not selected, then hands every other rank a token;
   3. every rank pulls the new global values of those coordinates into its replica and clears
      what it sent from its accumulator (all of it without --slim_error_feedback).
 The other coordinates keep evolving locally. A round's pieces on one PS task travel together:
@@ -218,10 +218,16 @@ class SignificantRoute:
                             current = s["core"].assign(s["next_core"].read_value(), read_value=False)
                         with tf.control_dependencies([current]):
                             sel = self._selection(unit, s["core"])
-                        remember.append(s["update"].scatter_update(tf.IndexedSlices(mean, sel)).op)
+                        remember.append(ptf_ops.flat_scatter_update(s["update"], sel, mean))
                         remember.append(s["selected"].assign(sel, read_value=False))
+                        # Dense, not IndexedSlices: the optimizer must also move the coordinates
+                        # the round did not select (momentum, Adam's moments), as synchronous
+                        # training does where a gradient is zero. A sparse apply froze them: the
+                        # global copy trailed the replicas (cnn with label noise, 2 hosts, 100
+                        # steps: held-out loss 1.420 sparse, 1.182 dense, hybrid 1.177).
+                        dense = tf.scatter_nd(tf.expand_dims(sel, 1), mean, [unit.size])
                         by_optimizer.setdefault(id(unit.optimizer), (unit.optimizer, []))[1].append(
-                            (tf.IndexedSlices(mean, sel, tf.constant([unit.size], tf.int64)), s["global"]))
+                            (dense, s["global"]))
         applies = []
         for optimizer, pairs in by_optimizer.values():
             clone = _clone(optimizer)
@@ -242,9 +248,11 @@ class SignificantRoute:
         the accumulated gradients (all of it without error feedback) cleared."""
         from parallax_tf import ops as ptf_ops
         with tf.device(f"/job:ps/task:{packet.server}"):
-            # the PS's own record of the round's coordinates: no indices cross the network
-            # sparse_read: the global copy is copy-on-read (sparse applies), a read would copy it all
-            values = tf.concat([s["global"].sparse_read(s["selected"].read_value()) for _, s in packet.members], 0)
+            # the PS's own record of the round's coordinates: no indices cross the network. A read
+            # and gather, not sparse_read, which would switch the global copy to copy-on-read
+            # and make every dense apply copy it.
+            values = tf.concat([tf.gather(s["global"].read_value(), s["selected"].read_value())
+                                for _, s in packet.members], 0)
         writes = []
         with tf.device(self.topo.worker_device):
             for (unit, s), part in zip(packet.members, tf.split(values, packet.sizes)):
@@ -352,10 +360,6 @@ def _clone(optimizer):
                          f"tf.compat.v1.train.Optimizer; got {type(optimizer).__name__}")
     clone = copy.copy(optimizer)
     clone._slots, clone._non_slot_dict, clone._deferred_slot_restorations = {}, {}, {}
-    base = tf.compat.v1.train.Optimizer._resource_apply_sparse_duplicate_indices
-    if type(clone)._resource_apply_sparse_duplicate_indices is base:
-        # a round's coordinates are unique by construction: no Unique + segment sum per apply
-        clone._resource_apply_sparse_duplicate_indices = clone._resource_apply_sparse
     return clone
 
 

@@ -54,8 +54,8 @@ def slim_reference(size: int, steps: int, error_feedback: bool, seed: int = 0):
     """The Slim-DP rule of rewriters/significant_route.py for the dense_only case (Momentum 0.1,
     0.9), one process: each rank's replica takes local Momentum steps on its own batch and sums
     its gradients; every `period` steps the mean of the sums at core + explored coordinates is
-    applied to the global copy by a sparse Momentum update, remembered as the last aggregated
-    update, and copied into every replica."""
+    applied to the global copy by a dense Momentum update (gradient zero at the other
+    coordinates), remembered as the last aggregated update, and copied into every replica."""
     from parallax_tf import ops as ptf_ops
     from rewriters.significant_route import selection_sizes, unit_seed
     lr, momentum = 0.1, 0.9
@@ -107,8 +107,10 @@ def slim_reference(size: int, steps: int, error_feedback: bool, seed: int = 0):
         for i in range(len(names)):
             sel = np.sort(np.concatenate([cores[i], explored(i, cores[i], round_index)]))
             mean = np.mean([sums[r][i][sel] for r in range(size)], axis=0)
-            g_slot[i][sel] = momentum * g_slot[i][sel] + mean
-            g_copy[i][sel] = g_copy[i][sel] - lr * g_slot[i][sel]
+            dense = np.zeros_like(g_copy[i])
+            dense[sel] = mean
+            g_slot[i] = momentum * g_slot[i] + dense      # every coordinate's momentum moves on
+            g_copy[i] = g_copy[i] - lr * g_slot[i]
             update[i][sel] = mean
             for rank in range(size):
                 replicas[rank][i][sel] = g_copy[i][sel]
