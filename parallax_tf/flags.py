@@ -45,7 +45,7 @@ flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs an
 flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
                     "what tools.cluster emulates, else 0.05ms).")
 flags.DEFINE_float("slim_core", 0.1, "slim_dp: fraction of each dense variable in the core (significant) set.")
-flags.DEFINE_float("slim_explore", 0.02, "slim_dp: fraction of each dense variable explored per round.")
+flags.DEFINE_float("slim_explore", 0.08, "slim_dp: fraction of each dense variable explored per round.")
 flags.DEFINE_integer("slim_refresh", 10, "slim_dp: rounds between core-set refreshes.")
 flags.DEFINE_integer("slim_period", 1, "slim_dp: local steps per communication round.")
 flags.DEFINE_float("slim_lambda", 1.0, "slim_dp: weight of the last aggregated update in the significance score.")

@@ -1,12 +1,13 @@
 """Slim-DP over a grid of core/explore fractions, against hybrid, on one emulated cluster.
 
-    python -m tools.slim_sweep --hosts 8 --bandwidth 100mbit --model cnn --steps 20 \\
-        --fractions 0.01:0.01,0.05:0.01,0.1:0.02,0.25:0.05 --json out/slim_sweep.json
+    python -m tools.slim_sweep --hosts 8 --bandwidth 100mbit --model cnn --steps 100 \\
+        --cnn_label_noise 0.3 --fractions 0.1:0.02,0.1:0.08,0.02:0.16 --json out/slim_sweep.json
 
 Every point trains the same model on the same batches; the table gives the dense variables'
 bytes per step (and their ratio to hybrid's), examples/s and the held-out loss after the same
-number of examples (and its gap to hybrid's). --error_feedback_too runs every point twice, with
-and without --slim_error_feedback. Writes JSON and a PNG (bytes vs held-out loss) with --json."""
+number of examples (and its gap to hybrid's). --error_feedback on,off runs every point with and
+without --slim_error_feedback (default: on, the strategy's default). Writes JSON and a PNG (bytes
+vs held-out loss) with --json."""
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ from absl import app, flags
 
 from tools import bench
 
-flags.DEFINE_list("fractions", ["0.01:0.01", "0.05:0.01", "0.1:0.02", "0.25:0.05", "0.5:0.05"],
+flags.DEFINE_list("fractions", ["0.1:0.02", "0.1:0.08", "0.05:0.13", "0.02:0.16", "0:0.18"],
                   "core:explore pairs (fractions of each dense variable).")
-flags.DEFINE_bool("error_feedback_too", False, "Also run every pair with --slim_error_feedback.")
+flags.DEFINE_list("error_feedback", ["on"], "Run every pair with error feedback on, off, or both (on,off).")
 FLAGS = flags.FLAGS
 
 
@@ -34,12 +35,14 @@ def parse_fractions(specs) -> list:
     return pairs
 
 
-def sweep_points(pairs, error_feedback_too: bool) -> list:
-    """(label, flags) for every slim_dp run of the sweep."""
+def sweep_points(pairs, error_feedback) -> list:
+    """(label, flags) for every slim_dp run of the sweep; error_feedback: a list of "on"/"off"."""
+    if not error_feedback or set(error_feedback) - {"on", "off"}:
+        raise app.UsageError(f"--error_feedback: {','.join(error_feedback)!r}; give on, off or on,off")
     points = []
     for core, explore in pairs:
-        for feedback in ((False, True) if error_feedback_too else (False,)):
-            label = f"core {core:g} explore {explore:g}" + (" +EF" if feedback else "")
+        for feedback in (mode == "on" for mode in error_feedback):
+            label = f"core {core:g} explore {explore:g}" + ("" if feedback else " no EF")
             points.append((label, [f"--slim_core={core}", f"--slim_explore={explore}",
                                    f"--slim_error_feedback={str(feedback).lower()}"]))
     return points
@@ -95,7 +98,7 @@ def main(argv):
     print("slim_sweep: hybrid ...", file=sys.stderr, flush=True)
     reference = run("hybrid")
     results = {}
-    for label, extra in sweep_points(pairs, FLAGS.error_feedback_too):
+    for label, extra in sweep_points(pairs, FLAGS.error_feedback):
         print(f"slim_sweep: slim_dp {label} ...", file=sys.stderr, flush=True)
         results[label] = run("slim_dp", extra)
     print(table(reference, results))
