@@ -96,7 +96,7 @@ def print_table(title: str, rows) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
-def bench_round(core_fraction: float = 0.10, explore_fraction: float = 0.02):
+def bench_round(core_fraction: float = 0.10, explore_fraction: float = 0.08):  # slim_dp defaults
     n = FLAGS.elements
     rng = np.random.RandomState(0)
     core_size, explore_size = int(core_fraction * n), int(explore_fraction * n)
