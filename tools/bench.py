@@ -70,6 +70,7 @@ def summarise(ranks) -> dict:
     examples = ranks[0]["examples_per_step"]
     links = [r["link_bytes_per_step"] for r in ranks if r["link_bytes_per_step"]]
     wire = sum(l["tx"] for l in links) / len(ranks) if links else None
+    packets = sum(l.get("tx_packets", 0) for l in links) / len(ranks) if links else None
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
@@ -86,7 +87,7 @@ def summarise(ranks) -> dict:
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
-            "bytes_per_step": wire,
+            "bytes_per_step": wire, "packets_per_step": packets,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
 
@@ -125,6 +126,25 @@ def thread_lines(results: dict) -> str:
         if threads:
             lines.append(f"{name} CPU ms/step/rank by thread: " + ", ".join(
                 f"{thread} {seconds * 1000:.1f}" for thread, seconds in threads.items() if seconds >= 5e-5))
+    return "\n".join(lines)
+
+
+HEADER_BYTES = 66      # per frame counted on a link: Ethernet 14, IPv4 20, TCP 20 + 12 of timestamps
+
+
+def wire_lines(results: dict) -> str:
+    """Where each run's wire bytes go beyond what its graph sends: the frames' headers (a TSO/GSO
+    frame counts once however many segments it carries) and the rest (RPC framing and control
+    messages, Horovod's negotiation)."""
+    lines = []
+    for name, r in results.items():
+        wire, packets, graph = r.get("bytes_per_step"), r.get("packets_per_step"), r.get("reported_bytes_per_step")
+        if not wire or not packets:
+            continue
+        headers = packets * HEADER_BYTES
+        rest = f", other {fmt_bytes(wire - headers - graph)} beyond the graph's {fmt_bytes(graph)}" if graph else ""
+        lines.append(f"{name} wire per step per rank: {fmt_bytes(wire)} in {packets:,.0f} frames "
+                     f"(mean {wire / packets:,.0f} B): headers {fmt_bytes(headers)}{rest}")
     return "\n".join(lines)
 
 
@@ -174,6 +194,7 @@ def main(argv):
                                          FLAGS.job_timeout_s)
     print(table(results))
     print(thread_lines(results))
+    print(wire_lines(results))
     if FLAGS.json:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
         with open(FLAGS.json, "w") as f:

@@ -130,14 +130,16 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
 
 
 def link_counters() -> Optional[dict]:
-    """tx/rx bytes of this host's link when the run says which one it is (emulated clusters set
-    PARALLAX_LINK_IFACE for the first rank of each host), else None."""
+    """tx/rx bytes (and tx_packets/rx_packets) of this host's link when the run says which one
+    it is (emulated clusters set PARALLAX_LINK_IFACE for the first rank of each host), else None."""
     import os
     iface = os.environ.get("PARALLAX_LINK_IFACE")
     if not iface:
         return None
     base = f"/sys/class/net/{iface}/statistics"
-    return {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
+    counters = {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
+    counters.update({f"{k}_packets": int(open(f"{base}/{k}_packets").read()) for k in ("tx", "rx")})
+    return counters
 
 
 def batch_size(feeds) -> int:
