@@ -63,7 +63,7 @@ def test_bench_table_json_plot_and_bytes_against_link_counters():
         ratio = hybrid["bytes_per_step"] / hybrid["reported_bytes_per_step"]
         assert 1.0 <= ratio <= 1.25, ratio
         # and how many frames carried them: the headers' share is printed
-        assert hybrid["packets_per_step"] > 0
+        assert hybrid["packets_per_step"] > 0 and hybrid["retransmitted_segments_per_step"] >= 0
         assert 66 < hybrid["bytes_per_step"] / hybrid["packets_per_step"] < 65_600
         assert re.search(r"^hybrid wire per step per rank: .* in [\d,]+ frames .*headers", proc.stdout, re.M)
 

@@ -71,6 +71,7 @@ def summarise(ranks) -> dict:
     links = [r["link_bytes_per_step"] for r in ranks if r["link_bytes_per_step"]]
     wire = sum(l["tx"] for l in links) / len(ranks) if links else None
     packets = sum(l.get("tx_packets", 0) for l in links) / len(ranks) if links else None
+    retransmitted = sum(l.get("tcp_retrans_segs", 0) for l in links) / len(ranks) if links else None
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
@@ -87,7 +88,7 @@ def summarise(ranks) -> dict:
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
-            "bytes_per_step": wire, "packets_per_step": packets,
+            "bytes_per_step": wire, "packets_per_step": packets, "retransmitted_segments_per_step": retransmitted,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
 
@@ -143,8 +144,10 @@ def wire_lines(results: dict) -> str:
             continue
         headers = packets * HEADER_BYTES
         rest = f", other {fmt_bytes(wire - headers - graph)} beyond the graph's {fmt_bytes(graph)}" if graph else ""
+        resent = r.get("retransmitted_segments_per_step")
+        resent = f"; TCP segments retransmitted {resent:,.1f}" if resent is not None else ""
         lines.append(f"{name} wire per step per rank: {fmt_bytes(wire)} in {packets:,.0f} frames "
-                     f"(mean {wire / packets:,.0f} B): headers {fmt_bytes(headers)}{rest}")
+                     f"(mean {wire / packets:,.0f} B): headers {fmt_bytes(headers)}{rest}{resent}")
     return "\n".join(lines)
 
 

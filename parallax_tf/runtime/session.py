@@ -139,7 +139,19 @@ def link_counters() -> Optional[dict]:
     base = f"/sys/class/net/{iface}/statistics"
     counters = {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
     counters.update({f"{k}_packets": int(open(f"{base}/{k}_packets").read()) for k in ("tx", "rx")})
+    counters.update(_tcp_segments())
     return counters
+
+
+def _tcp_segments() -> dict:
+    """This network namespace's TCP segments sent and retransmitted (/proc/net/snmp)."""
+    try:
+        with open("/proc/net/snmp") as f:
+            names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")][:2]
+    except (OSError, ValueError):
+        return {}
+    row = dict(zip(names, values))
+    return {"tcp_out_segs": int(row["OutSegs"]), "tcp_retrans_segs": int(row["RetransSegs"])}
 
 
 def batch_size(feeds) -> int:
