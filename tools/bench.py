@@ -135,8 +135,8 @@ HEADER_BYTES = 66      # per frame counted on a link: Ethernet 14, IPv4 20, TCP 
 
 def wire_lines(results: dict) -> str:
     """Where each run's wire bytes go beyond what its graph sends: the frames' headers (a TSO/GSO
-    frame counts once however many segments it carries) and the rest (RPC framing and control
-    messages, Horovod's negotiation)."""
+    frame counts once however many segments it carries) and the rest (retransmissions, RPC
+    framing and control messages, Horovod's negotiation)."""
     lines = []
     for name, r in results.items():
         wire, packets, graph = r.get("bytes_per_step"), r.get("packets_per_step"), r.get("reported_bytes_per_step")

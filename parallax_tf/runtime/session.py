@@ -130,8 +130,9 @@ def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placehold
 
 
 def link_counters() -> Optional[dict]:
-    """tx/rx bytes (and tx_packets/rx_packets) of this host's link when the run says which one
-    it is (emulated clusters set PARALLAX_LINK_IFACE for the first rank of each host), else None."""
+    """tx/rx bytes and frames of this host's link, and its TCP retransmissions, when the run says
+    which link it is (emulated clusters set PARALLAX_LINK_IFACE for the first rank of each host,
+    whose network namespace is the host's), else None."""
     import os
     iface = os.environ.get("PARALLAX_LINK_IFACE")
     if not iface:
@@ -144,14 +145,14 @@ def link_counters() -> Optional[dict]:
 
 
 def _tcp_segments() -> dict:
-    """This network namespace's TCP segments sent and retransmitted (/proc/net/snmp)."""
+    """This network namespace's retransmitted TCP segments (/proc/net/snmp)."""
     try:
         with open("/proc/net/snmp") as f:
             names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")][:2]
     except (OSError, ValueError):
         return {}
     row = dict(zip(names, values))
-    return {"tcp_out_segs": int(row["OutSegs"]), "tcp_retrans_segs": int(row["RetransSegs"])}
+    return {"tcp_retrans_segs": int(row["RetransSegs"])}
 
 
 def batch_size(feeds) -> int:
