@@ -69,9 +69,8 @@ def summarise(ranks) -> dict:
     step_s = max(r["step_s"] for r in ranks)            # synchronous: the slowest rank sets the pace
     examples = ranks[0]["examples_per_step"]
     links = [r["link_bytes_per_step"] for r in ranks if r["link_bytes_per_step"]]
-    wire = sum(l["tx"] for l in links) / len(ranks) if links else None
-    packets = sum(l.get("tx_packets", 0) for l in links) / len(ranks) if links else None
-    retransmitted = sum(l.get("tcp_retrans_segs", 0) for l in links) / len(ranks) if links else None
+    link_mean = lambda key: sum(l.get(key, 0) for l in links) / len(ranks) if links else None  # noqa: E731
+    wire, packets, retransmitted = link_mean("tx"), link_mean("tx_packets"), link_mean("tcp_retrans_segs")
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]

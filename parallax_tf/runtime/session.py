@@ -137,9 +137,11 @@ def link_counters() -> Optional[dict]:
     iface = os.environ.get("PARALLAX_LINK_IFACE")
     if not iface:
         return None
-    base = f"/sys/class/net/{iface}/statistics"
-    counters = {k: int(open(f"{base}/{k}_bytes").read()) for k in ("tx", "rx")}
-    counters.update({f"{k}_packets": int(open(f"{base}/{k}_packets").read()) for k in ("tx", "rx")})
+    def statistic(name: str) -> int:
+        with open(f"/sys/class/net/{iface}/statistics/{name}") as f:
+            return int(f.read())
+    counters = {k: statistic(f"{k}_bytes") for k in ("tx", "rx")}
+    counters.update({f"{k}_packets": statistic(f"{k}_packets") for k in ("tx", "rx")})
     counters.update(_tcp_segments())
     return counters
 
