@@ -147,6 +147,7 @@ def test_a_killed_rank_without_server_state_leaves_the_others_to_finish():
     assert [list(r["lost_ranks"]) for r in ranks] == [[2], [2]]
     pushes = [len(r["losses"]) for r in ranks]
     global_step = int(ranks[0]["global_step"])
+    assert [int(r["start_step"]) for r in ranks] == [0, 0]    # so rank 2's step 3 is its 4th ticket
     # rank 2 claimed KILL_AT + 1 tickets and pushed at most KILL_AT of them (its last outbox
     # entries may die with it); the survivors used every other ticket
     assert sum(pushes) == KILL_STEPS - KILL_AT - 1, pushes
