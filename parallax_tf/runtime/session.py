@@ -78,12 +78,12 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
             sess.run(dgraph.chief_init)
             state_io.load(sess, values)
         dgraph.barrier.wait(sess, "initialised")     # nobody trains before PS variables are initialised
+        if dgraph.broadcast is not None:
+            sess.run(dgraph.broadcast)                # replicas, a replicated global step among them
         start = int(sess.run(dgraph.global_step))
         # every rank has read the starting step before any trains: an asynchronous rank 0 would
         # otherwise push its first step while a slower rank still reads, which then starts at 1
         dgraph.barrier.wait(sess, "started")
-        if dgraph.broadcast is not None:
-            sess.run(dgraph.broadcast)
         return start
 
 
