@@ -81,7 +81,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     watchdog = _watchdog(topo, cluster, dgraph) if topo.size > 1 else None
     alive = watchdog.alive if watchdog else (lambda: {topo.rank})
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
-                              lost=watchdog.lost if watchdog else None)
+                              lost=watchdog.lost if watchdog else None,
+                              deadline=watchdog.deadline if watchdog else None)
     peer_lost = False
     try:
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard)

@@ -46,14 +46,18 @@ class PeerLost(ClusterError):
 
 
 @contextlib.contextmanager
-def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[Callable[[], str]] = None):
+def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[Callable[[], str]] = None,
+                      deadline: Optional[Callable] = None):
     """Turns the ways a dead or stalled peer shows up into one error naming the wait and, when
-    `lost` can tell, the ranks that are gone."""
+    `lost` can tell, the ranks that are gone. `deadline(what, seconds)` (the watchdog's) stops
+    the rank when the wait outlives twice the timeout, which TF alone cannot ensure."""
     def fail(why: str):
         gone = f"; lost: {lost()}" if lost else ""
         return PeerLost(f"parallax_tf rank {rank}: {what}: {why}{gone}")
+    bounded = deadline(what, 2 * timeout_s + 30) if deadline and timeout_s else contextlib.nullcontext()
     try:
-        yield
+        with bounded:
+            yield
     except tf.errors.DeadlineExceededError as err:
         raise fail(f"no answer within --timeout_s={timeout_s}s while running {_op_name(err)}; another "
                    "rank has probably died or stalled") from None

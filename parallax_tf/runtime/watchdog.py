@@ -6,9 +6,14 @@ blocked inside session.run cannot run a Python signal handler, so the signal is 
 wakeup pipe that this thread watches.
 
 Peers in `expendable` (ranks the job can go on without) are only noted when they stop
-answering: they drop out of `alive()` and this rank goes on."""
+answering: they drop out of `alive()` and this rank goes on.
+
+A third way out: a wait under `deadline()` that outlives it. TF cancels a step at its timeout,
+but a Horovod collective ignores the cancellation, so ranks waiting in different collectives
+(each answering the probes) would otherwise wait forever."""
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -19,6 +24,7 @@ import time
 from typing import Dict, Iterable, Set
 
 LOST_RANK_EXIT = 75
+STALLED_EXIT = 76
 
 
 class Watchdog:
@@ -33,6 +39,7 @@ class Watchdog:
         self._thread = None
         self._wake_r = self._wake_w = None
         self._old = None
+        self._deadlines: Dict[int, tuple] = {}    # open waits: id -> (monotonic end, what, seconds)
 
     def start(self) -> "Watchdog":
         if threading.current_thread() is threading.main_thread():
@@ -54,6 +61,16 @@ class Watchdog:
             os.close(self._wake_w)
             self._old = None
 
+    @contextlib.contextmanager
+    def deadline(self, what: str, seconds: float):
+        """Stops this rank if the block has not finished `seconds` from now."""
+        key = object()
+        self._deadlines[id(key)] = (time.monotonic() + seconds, what, seconds)
+        try:
+            yield
+        finally:
+            del self._deadlines[id(key)]
+
     def alive(self) -> Set[int]:
         """The ranks not known to be gone (this one included)."""
         return self.everyone - set(self.gone)
@@ -69,6 +86,11 @@ class Watchdog:
                 self._stop.wait(self.interval)
             if self._stop.is_set():
                 return
+            overdue = [d for d in list(self._deadlines.values()) if time.monotonic() > d[0]]
+            if overdue:
+                _, what, seconds = overdue[0]
+                self._die(f"{what} has not finished after {seconds:.0f}s (TF's timeout cannot interrupt a "
+                          "Horovod collective: the ranks are probably waiting in different ones)", STALLED_EXIT)
             unreachable = self._unreachable()
             for rank in self.expendable - set(self.gone):
                 strikes[rank] = strikes.get(rank, 0) + 1 if rank in unreachable else 0

@@ -11,6 +11,8 @@ from tests import cases  # noqa: E402
 
 flags.DEFINE_string("case", "ok", "what to get wrong")
 flags.DEFINE_integer("die_at_step", -1, "rank 1 exits abruptly at this step (simulates a lost rank)")
+flags.DEFINE_bool("rank1_skips_a_step", False, "rank 1 starts one step late, so it runs one step fewer than rank 0 "
+                  "and the two end up waiting in different Horovod collectives (a runtime fault's effect)")
 FLAGS = flags.FLAGS
 
 
@@ -33,6 +35,10 @@ def main(argv):
             if ctx.rank == 1 and ctx.step == FLAGS.die_at_step:
                 os._exit(17)
             return inner(ctx)
+    if FLAGS.rank1_skips_a_step and os.environ.get("HOROVOD_RANK") == "1":
+        from parallax_tf.runtime import session
+        initialise = session.initialise
+        session.initialise = lambda *args, **kwargs: initialise(*args, **kwargs) + 1
     result = ptf.run(model_fn, input_fn)
     print(f"trained global_step={result.global_step} loss={result.losses[-1]:.4f}", flush=True)
 
