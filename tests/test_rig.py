@@ -163,3 +163,33 @@ def test_cpu_per_thread_name_from_a_given_step(monkeypatch):
     monkeypatch.setattr(StepStats, "profile_threads_from", -1)
     assert StepStats().thread_cpu_per_step() == {}           # off by default
     assert ("main" in {name for _, name in thread_cpu.snapshot()})
+
+
+def _graph_bytes(summary: str) -> dict:
+    """Per route, the bytes a step's graphs sent (all ranks), from a run's summary line."""
+    units = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
+    return {route: float(n) * units[unit]
+            for route, n, unit in re.findall(r"(\w+) ([\d.]+)(B|KB|MB|GB)\b", summary.split("(all ranks):")[1])}
+
+
+def test_flows_split_the_wire_bytes_by_kind_and_each_carries_its_route():
+    out = os.path.join(tempfile.mkdtemp(), "flows.json")
+    proc = _run(["tools.flows", "--hosts=2", "--bandwidth=100mbit", f"--json={out}", "--", sys.executable, "-m",
+                 "models.lm", "--strategy=hybrid", "--steps=120", "--log_every=20"])
+    if not netns.have_root():
+        assert proc.returncode != 0 and "needs root" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.load(open(out))
+    assert data["steps"] == 80                      # from the 2nd progress line (step 40) to the last
+    kinds = data["kinds"]
+    assert set(kinds) == {"PS answers", "worker answers", "gRPC requests", "Horovod"}, kinds
+    graph = _graph_bytes(re.search(r"the job's rank 0: (done: .*)", proc.stdout).group(1))
+    # one rank per host: every route's bytes cross a link, with protocol framing on top; the window
+    # opens and closes when rank 0 prints, while the steps go on (~35 ms each here)
+    for which, route, most in (("PS answers", "ps_pull", 1.15), ("worker answers", "ps_push", 1.15),
+                               ("Horovod", "allreduce", 1.25)):
+        ratio = kinds[which]["bytes_sent"] * data["hosts"] / graph[route]
+        assert 0.93 <= ratio <= most, (which, route, ratio)     # 0.93: a step or two of jitter
+    assert 0 < kinds["gRPC requests"]["bytes_sent"] < 0.1 * kinds["PS answers"]["bytes_sent"]
+    assert re.search(r"^headers \(est\.\)\s+[\d.]+ KB: on the wire [\d.]+ KB per step per rank", proc.stdout, re.M)
