@@ -39,7 +39,7 @@ class Watchdog:
         self._thread = None
         self._wake_r = self._wake_w = None
         self._old = None
-        self._deadlines: Dict[int, tuple] = {}    # open waits: id -> (monotonic end, what, seconds)
+        self._deadlines: Dict[object, tuple] = {}    # open waits: token -> (monotonic end, what, seconds)
 
     def start(self) -> "Watchdog":
         if threading.current_thread() is threading.main_thread():
@@ -64,12 +64,12 @@ class Watchdog:
     @contextlib.contextmanager
     def deadline(self, what: str, seconds: float):
         """Stops this rank if the block has not finished `seconds` from now."""
-        key = object()
-        self._deadlines[id(key)] = (time.monotonic() + seconds, what, seconds)
+        token = object()
+        self._deadlines[token] = (time.monotonic() + seconds, what, seconds)
         try:
             yield
         finally:
-            del self._deadlines[id(key)]
+            del self._deadlines[token]
 
     def alive(self) -> Set[int]:
         """The ranks not known to be gone (this one included)."""
