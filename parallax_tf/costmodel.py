@@ -146,7 +146,7 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
-    has_ps = has_ar = False
+    has_ps = has_ar = has_allgather = False
     for load in loads:
         choice = choices[load.name]
         t, r, m = host_traffic(load, choice, cluster)
@@ -154,12 +154,18 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         rx = [a + b for a, b in zip(rx, r)]
         messages = [max(a, b) for a, b in zip(messages, m)]
         has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
-        has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient != "none"
+        has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient == "dense"
+        has_allgather |= choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse"
     network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
     latency = 0.0
     if N > 1 and has_ar and H > 1:
         latency += 2 * (N - 1) * hop               # one fused ring AllReduce
+    if N > 1 and has_allgather:
+        # collectives of their own beside the AllReduce (indices, then values): N - 1 messages
+        # each, every one received before it is passed on; a message costs about what a PS
+        # round trip does (the calibrated constant: gloo has no calibration of its own)
+        latency += 2 * (N - 1) * (hop + cluster.rpc_overhead_s)
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
