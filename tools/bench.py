@@ -19,7 +19,7 @@ import tempfile
 from absl import app, flags
 
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps and the other run flags)
-from tools import cluster
+from tools import cluster, netns
 from tools import shared  # noqa: F401  (--model, --warmup)
 from tools import sweep
 
@@ -129,9 +129,6 @@ def thread_lines(results: dict) -> str:
     return "\n".join(lines)
 
 
-HEADER_BYTES = 66      # per frame counted on a link: Ethernet 14, IPv4 20, TCP 20 + 12 of timestamps
-
-
 def wire_lines(results: dict) -> str:
     """Where each run's wire bytes go beyond what its graph sends: the frames' headers (a TSO/GSO
     frame counts once however many segments it carries) and the rest (retransmissions, RPC
@@ -141,7 +138,7 @@ def wire_lines(results: dict) -> str:
         wire, packets, graph = r.get("bytes_per_step"), r.get("packets_per_step"), r.get("reported_bytes_per_step")
         if not wire or not packets:
             continue
-        headers = packets * HEADER_BYTES
+        headers = packets * netns.HEADER_BYTES
         rest = f", other {fmt_bytes(wire - headers - graph)} beyond the graph's {fmt_bytes(graph)}" if graph else ""
         resent = r.get("retransmitted_segments_per_step")
         resent = f"; TCP segments retransmitted {resent:,.1f}" if resent is not None else ""

@@ -33,7 +33,6 @@ flags.DEFINE_string("json", None, "Also write the per-kind figures here.")
 FLAGS = flags.FLAGS
 
 COUNTERS = ("bytes_sent", "bytes_retrans", "segs_out", "data_segs_out")
-HEADER_BYTES = 66
 KINDS = ("PS answers", "worker answers", "gRPC requests", "Horovod")
 _PROGRESS = re.compile(r"^\[0\]<stdout>:step (\d+)/(\d+) ")
 _ADDRESSES = re.compile(r"parallax_tf rank (\d+): worker (\S+?)(?:, ps (\S+))?$")
@@ -86,15 +85,13 @@ def per_step(before, after, steps: int, ps: set, workers: set) -> Dict[str, Dict
 def table(figures: Dict[str, Dict[str, float]]) -> str:
     lines = [f"{'per step per rank':16s} {'payload KB':>10s} {'segments':>9s} {'of them data':>12s} "
              f"{'mean data seg B':>15s} {'retransmitted KB':>16s}"]
-    total = dict.fromkeys(COUNTERS, 0.0)
+    total = {k: sum(f[k] for f in figures.values()) for k in COUNTERS}
     for name, f in list(figures.items()) + [("total", total)]:
-        if name != "total":
-            total.update({k: total[k] + f[k] for k in COUNTERS})
         mean = f["bytes_sent"] / f["data_segs_out"] if f["data_segs_out"] else 0.0
         lines.append(f"{name:16s} {f['bytes_sent'] / 1e3:10.1f} {f['segs_out']:9.1f} {f['data_segs_out']:12.1f} "
                      f"{mean:15.0f} {f['bytes_retrans'] / 1e3:16.2f}")
-    lines.append(f"headers (est.)   {total['segs_out'] * HEADER_BYTES / 1e3:10.1f} KB: on the wire "
-                 f"{(total['bytes_sent'] + total['segs_out'] * HEADER_BYTES) / 1e3:.1f} KB per step per rank")
+    lines.append(f"headers (est.)   {total['segs_out'] * netns.HEADER_BYTES / 1e3:10.1f} KB: on the wire "
+                 f"{(total['bytes_sent'] + total['segs_out'] * netns.HEADER_BYTES) / 1e3:.1f} KB per step per rank")
     return "\n".join(lines)
 
 
@@ -116,7 +113,8 @@ def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", 
                 address = _ADDRESSES.search(line)
                 if address:
                     workers.add(address.group(2))
-                    ps.update([address.group(3)] if address.group(3) else [])
+                    if address.group(3):
+                        ps.add(address.group(3))
                 progress = _PROGRESS.match(line)
                 if progress:
                     seen += 1

@@ -16,6 +16,7 @@ from typing import List
 PREFIX = "ptf"
 BRIDGE_NS = f"{PREFIX}-br"
 LAUNCHER_ADDRESS = "198.18.255.254"
+HEADER_BYTES = 66      # per frame or segment on a link: Ethernet 14, IPv4 20, TCP 20 + 12 of timestamps
 
 
 def host_ns(i: int) -> str:
