@@ -104,11 +104,19 @@ class DistributedGraph:
 
 
 @dataclasses.dataclass
+class DistinctLookup:
+    ids: tf.Tensor          # the distinct ids (int64) the server's gather reads
+    position: tf.Tensor     # per looked-up id, its index in `ids`
+
+
+@dataclasses.dataclass
 class Rebuilt:
     training: object                            # training_graph.Training of this rank's graph
     parts: Dict[str, List[Part]]                # logical name -> its pieces (trainable variables)
     grads: Dict[str, list]                      # logical name -> this rank's own raw gradient per part
                                                 # (None where the train op does not update it)
+    # variable op name -> its one de-duplicated lookup, for a part whose gradient comes from it alone
+    distinct_lookups: Dict[str, "DistinctLookup"] = dataclasses.field(default_factory=dict)
 
     @property
     def loss(self):
@@ -165,23 +173,23 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
         raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                          f"new {sorted(extra)}); model_fn must build the same graph every call")
     sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
-    expansions = {}
+    expansions, distinct_lookups = {}, {}
     with tf.device(topo.worker_device):
         if distinct_pulls:
             for name in sorted(sparse_on_ps):
                 for part in parts[name]:
                     expansions.update(pull_distinct_rows(part.variable, ancestors(training.loss.op)))
-        grads = own_gradients(training, parts, sparse_on_ps, expansions)
-    return Rebuilt(training=training, parts=parts, grads=grads)
+        grads = own_gradients(training, parts, sparse_on_ps, expansions, distinct_lookups)
+    return Rebuilt(training=training, parts=parts, grads=grads, distinct_lookups=distinct_lookups)
 
 
 def pull_distinct_rows(variable, needed: set) -> dict:
     """Each lookup of a PS variable (a gather the placer runs next to the variable) reads every
     distinct id once: the ids are de-duplicated on the worker, only their rows cross, and the
     worker expands them back to the lookup's shape. Called in the worker's device scope, before
-    gradients are taken. Returns new gather -> (its expansion, the lookup's ids): the gradient is
-    still taken per looked-up id, as single-device TF does (a gradient transform such as a
-    global norm sees the same rows)."""
+    gradients are taken. Returns new gather -> (its expansion, the lookup's ids, DistinctLookup):
+    the gradient is still taken per looked-up id, as single-device TF does (a gradient transform
+    such as a global norm sees the same rows)."""
     from tensorflow.python.ops import gen_resource_variable_ops
     from rewriters.transform import rewire      # transform imports this module
     expansions = {}
@@ -190,17 +198,19 @@ def pull_distinct_rows(variable, needed: set) -> dict:
             continue
         ids, looked_up = op.inputs[1], op.outputs[0]
         distinct, position = tf.unique(tf.reshape(ids, [-1]))
+        distinct = tf.cast(distinct, tf.int64)      # as a push's indices must be: the same tensor serves both
         rows = gen_resource_variable_ops.resource_gather(variable.handle, distinct, dtype=looked_up.dtype,
                                                           name=op.name + "_distinct")
         row_shape = tf.shape(rows)[1:]
         expanded = tf.reshape(tf.gather(rows, position), tf.concat([tf.shape(ids), row_shape], 0))
         expanded.set_shape(looked_up.shape)
         rewire(looked_up, expanded, set(looked_up.consumers()))
-        expansions[rows.op] = (expanded, ids)
+        expansions[rows.op] = (expanded, ids, DistinctLookup(distinct, position))
     return expansions
 
 
-def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None) -> Dict[str, list]:
+def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None,
+                  distinct_lookups=None) -> Dict[str, list]:
     """This rank's raw gradient for every part the train op updates, of the same loss the user
     differentiated (one tf.gradients per distinct gradient call)."""
     raw = training.raw_gradients()
@@ -214,19 +224,21 @@ def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansio
                 by_call.setdefault(id(call), (call, {}))[1].setdefault(name, []).append(part)
     grads = {name: [None] * len(pieces) for name, pieces in parts.items()}
     for call, subset in by_call.values():
-        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps, expansions)
+        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps, expansions, distinct_lookups)
         for name, part_grads in found.items():
             for part, grad in zip(subset[name], part_grads):
                 grads[name][parts[name].index(part)] = grad
     return grads
 
 
-def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None) -> Dict[str, list]:
+def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None,
+              distinct_lookups=None) -> Dict[str, list]:
     """Gradient per part. For a sparse variable on a PS, it is built here (on the worker) from
     the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
     colocate those ops with the variable, sending every looked-up row, repeats included, to
     the server and back before the de-duplicated push. `expansions` (pull_distinct_rows):
-    for a de-duplicated lookup, the gradient of its expansion, per looked-up id."""
+    for a de-duplicated lookup, the gradient of its expansion, per looked-up id; a part whose
+    gradient comes from one such lookup alone is entered in `distinct_lookups`."""
     needed = set().union(*(ancestors(y.op) for y in ys))
     xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
     for name, pieces in parts.items():
@@ -252,6 +264,8 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
         if not pieces:
             flat.append(None)
             continue
+        if len(where) == 1 and where[0][0] in (expansions or {}) and distinct_lookups is not None:
+            distinct_lookups[var.op.name] = expansions[where[0][0]][2]
         values = tf.concat([v for v, _ in pieces], 0) if len(pieces) > 1 else pieces[0][0]
         indices = tf.concat([tf.cast(i, tf.int64) for _, i in pieces], 0) if len(pieces) > 1 else pieces[0][1]
         flat.append(tf.IndexedSlices(values, indices, tf.constant(var.shape.as_list(), tf.int64)))

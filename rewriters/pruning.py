@@ -12,6 +12,9 @@ from parallax_tf.inspect_graph import WRITE_OPS
 from parallax_tf.training_graph import ancestors as training_graph_ancestors
 
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
+# Inputs of a dropped op that are themselves nothing to wait for (a constant, a variable's
+# handle), only their own control inputs are: across tasks every control edge is a message.
+_STATELESS_SOURCES = {"Const", "VarHandleOp"}
 
 
 def needed_without(target, dropped: set, gradient_ops: set, through_inputs: bool = True) -> set:
@@ -43,8 +46,15 @@ def without(target, dropped: set, gradient_ops: set, token: tf.Operation, throug
             # TF hangs a control dependency on a new op's inputs when they already carry it
             inputs = [t.op for t in op.inputs if t.op not in gradient_ops] if through_inputs else []
             for before in list(op.control_inputs) + inputs:
-                memo[op] |= waited_for(before) if before in dropped else {before}
+                memo[op] |= wait_on(before)
         return memo[op]
+
+    def wait_on(op) -> set:
+        if op in dropped:
+            return waited_for(op)
+        if op.type in _STATELESS_SOURCES:     # only what it was made to wait for, if anything
+            return set().union(*(wait_on(c) for c in op.control_inputs))
+        return {op}
 
     for op in needed_without(target, dropped, gradient_ops, through_inputs) - dropped:
         if any(c in dropped for c in op.control_inputs):
@@ -52,6 +62,8 @@ def without(target, dropped: set, gradient_ops: set, token: tf.Operation, throug
             extra = set().union(*(waited_for(c) for c in op.control_inputs if c in dropped)) - set(keep)
             op._remove_all_control_inputs()
             op._add_control_inputs(keep + sorted(extra, key=lambda o: o.name) + [token])
+            if op.type == "NoOp":   # e.g. an optimizer's group of applies on a server: wait by the token
+                op._set_device(token.device)
         used = [t for t in op.inputs if t.op in dropped]
         if used:
             raise ModelError(f"op {op.name!r} uses the output of {used[0].op.name!r}, which updates a variable "

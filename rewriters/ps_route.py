@@ -6,6 +6,11 @@ own host's server and one of them pushes that sum. Rank 0 takes the sum once all
 the model's own transform and optimizer apply run on it next to the variable, rank 0 advances
 the global step and hands every other rank a token; the others wait for their token, so nobody
 reads a variable before it is updated.
+
+Every tensor that crosses between tasks is a RecvTensor call of its own (a gRPC round trip, a
+few segments each way, runtime CPU on both ends), so nothing crosses that need not: a push
+reuses the ids its lookup already sent, its shape and step are constants on the server, and a
+rank waits for its token on its own worker rather than through every server.
 """
 from __future__ import annotations
 
@@ -16,13 +21,16 @@ import tensorflow as tf
 from rewriters.common import BuildRequest, Rebuilt, ancestors, tensor_bytes
 
 INDEX_BYTES = 8      # an int64 id travels with every row
+# The time step every push carries. An accumulator drops a push older than its last take; none
+# can be: a rank pushes step t+1 only after its token of step t, which rank 0 hands out after
+# taking step t. Any step would do; a constant on the server saves sending the global step there.
+NEVER_STALE = 2 ** 62
 
 
 class PSRoute:
-    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, global_step_var):
+    def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology
-        self.global_step_var = global_step_var
         self.pushes: List[tf.Operation] = []
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
@@ -34,48 +42,52 @@ class PSRoute:
         local_agg = self.request.plan.local_aggregation and topo.local_size > 1
         num_required = len(self.topo.ranks_per_host) if local_agg else topo.size
         pending, push_bytes = [], []
-        # An accumulator's time step advances on every take and it drops pushes from older
-        # steps, so each push carries the current global step.
-        step = self.global_step_var.read_value()
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
                 if grad is None:
                     continue
                 var = part.variable
+                lookup = self.rebuilt.distinct_lookups.get(var.op.name)
                 with tf.device(topo.worker_device):
-                    grad = combine_duplicates(grad) if isinstance(grad, tf.IndexedSlices) else grad
+                    if lookup is not None:      # summed onto the ids the lookup sent to the server
+                        grad = tf.IndexedSlices(tf.math.unsorted_segment_sum(
+                            grad.values, lookup.position, tf.shape(lookup.ids, out_type=tf.int64)[0]),
+                            lookup.ids, grad.dense_shape)
+                    elif isinstance(grad, tf.IndexedSlices):
+                        grad = combine_duplicates(grad)
                     self.lower_bound.append(lower_bound_bytes(grad, var, topo.size, len(topo.ranks_per_host)))
                 # the first rank of a host serves that host's shards in-process: no transfer
                 remote = not (server_of(var) == topo.host and topo.local_rank == 0)
                 shared = var.op.name + "/parallax_grad"
                 target = _accumulator(var, grad, shared, var.device)
                 if local_agg:
-                    host_acc = _accumulator(var, grad, f"{shared}_host{topo.host}", f"/job:ps/task:{topo.host}")
-                    push = _push(host_acc, grad, step)
+                    host_device = f"/job:ps/task:{topo.host}"
+                    host_acc = _accumulator(var, grad, f"{shared}_host{topo.host}", host_device)
+                    push = _push(host_acc, grad, var, host_device)
                     if topo.local_rank != 0:    # the host's server lives in local rank 0's process
                         push_bytes.append(tensor_bytes(grad))
                     if topo.local_rank == 0:
                         with tf.control_dependencies([push]):
                             host_sum = _take(host_acc, grad, topo.local_size)
-                        push = _push(target, host_sum, step)
+                        push = _push(target, host_sum, var, var.device)
                         if remote:
                             push_bytes.append(tensor_bytes(host_sum))
                 else:
-                    push = _push(target, grad, step)
+                    push = _push(target, grad, var, var.device)
                     if remote:
                         push_bytes.append(tensor_bytes(grad))
                 self.pushes.append(push)
-                pending.append((target, grad, var))
+                pending.append((target, grad, var, push))
         self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
         self.bytes["ps_pull"] = self._pull_bytes()
         if not topo.is_chief:
             return {}
         averaged = {}
-        with tf.control_dependencies(self.pushes):
-            for acc, grad, var in pending:
-                # next to the variable, so the summed gradient never leaves its server
-                with tf.device(var.device):
-                    averaged[var.op.name] = _scale(_take(acc, grad, num_required), 1.0 / topo.size)
+        for acc, grad, var, push in pending:
+            # next to the variable, so the summed gradient never leaves its server; after this
+            # rank's own push into that accumulator (a wait on every push would cross servers)
+            with tf.device(var.device), tf.control_dependencies([push]):
+                averaged[var.op.name] = _scale(_take(acc, grad, num_required), 1.0 / topo.size)
         return averaged
 
     def release(self, chief_step: tf.Operation, payload: tf.Tensor) -> tf.Operation:
@@ -90,10 +102,14 @@ class PSRoute:
         return tf.group(chief_step, *tokens)
 
     def wait(self, payload_size: int) -> tf.Tensor:
-        """Other ranks, after their pushes: rank 0's token for this step (its payload)."""
+        """Other ranks: rank 0's token for this step (its payload), on this rank's worker.
+        Their pushes are step targets of their own: the token cannot come before them (rank 0
+        takes every rank's push first), and a wait on them would cross from every server."""
         queue = _token_queue(self.topo.rank, payload_size, self.topo)
-        with tf.control_dependencies(self.pushes), tf.device(queue.queue_ref.device):
-            return queue.dequeue()
+        with tf.device(queue.queue_ref.device):
+            token = queue.dequeue()
+        with tf.device(self.topo.worker_device):
+            return tf.identity(token)
 
     def _pull_bytes(self) -> tf.Tensor:
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,
@@ -117,14 +133,15 @@ def server_of(var) -> int:
 
 def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int) -> tf.Tensor:
     """The least one host's link must send for this variable per step, per rank: a sparse
-    gradient's distinct rows pushed and pulled once with their ids, of which the (H-1)/H not
-    served on the rank's own host cross a link (each host sends its pushes and the pulls it
-    serves); a dense one through ring AllReduce, 2(N-1)/N of its bytes."""
+    gradient's distinct rows pulled and pushed once and their ids sent once (the server can
+    keep a pull's ids for the push), of which the (H-1)/H not served on the rank's own host
+    cross a link (each host sends its ids, its pushes and the rows it serves); a dense one
+    through ring AllReduce, 2(N-1)/N of its bytes."""
     if isinstance(grad, tf.IndexedSlices):
         rows = tf.cast(tf.size(tf.unique(grad.indices).y, out_type=tf.int64), tf.int64)
         row_bytes = var.dtype.base_dtype.size * max(1, int(tf.TensorShape(var.shape[1:]).num_elements() or 1))
         away = (num_hosts - 1) / num_hosts
-        return tf.cast(tf.round(away * tf.cast(2 * rows * (row_bytes + INDEX_BYTES), tf.float64)), tf.int64)
+        return tf.cast(tf.round(away * tf.cast(rows * (2 * row_bytes + INDEX_BYTES), tf.float64)), tf.int64)
     dense = var.dtype.base_dtype.size * int(var.shape.num_elements())
     return tf.constant(int(2 * (num_ranks - 1) / num_ranks * dense), tf.int64)
 
@@ -147,10 +164,14 @@ def _accumulator(var, grad, shared_name, device):
             name=shared_name.replace(":", "_"), reduction_type="SUM")
 
 
-def _push(acc, grad, step) -> tf.Operation:
-    if isinstance(grad, tf.IndexedSlices):
-        return acc.apply_indexed_slices_grad(grad, local_step=step)
-    return acc.apply_grad(grad, local_step=step)
+def _push(acc, grad, var, device: str) -> tf.Operation:
+    """`grad` of `var` into the accumulator on `device`; its step and shape are constants made there."""
+    with tf.device(device):
+        step = tf.constant(NEVER_STALE, tf.int64)
+        if isinstance(grad, tf.IndexedSlices):
+            shape = tf.constant(var.shape.as_list(), tf.int64)
+            return acc.apply_indexed_slices_grad(tf.IndexedSlices(grad.values, grad.indices, shape), local_step=step)
+        return acc.apply_grad(grad, local_step=step)
 
 
 def _take(acc, like, num_required):

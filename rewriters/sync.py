@@ -58,7 +58,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
               if plan.on_route(route)]
     for route in extras:
         global_grads.update(route.build())
-    ps_route = PSRoute(request, rebuilt, ps_entries, global_step) if ps_entries else None
+    ps_route = PSRoute(request, rebuilt, ps_entries) if ps_entries else None
     if ps_route is not None:
         global_grads.update(ps_route.exchange())
         _read_step_before_pushing(global_step, needed, set(transform.depends), ps_route.pushes)
@@ -79,7 +79,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     else:
         token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
         transform_lib.unpack(crossing, token, elsewhere)
-        step = without(target, chief_only, gradient_ops, token.op)
+        step = [without(target, chief_only, gradient_ops, token.op)] + ps_route.pushes
     if sums is not None:
         # A collective every rank must submit, needed there or not. As a session target, not
         # a control input: only used by control, grappler drops it and rank 0 waits forever.
