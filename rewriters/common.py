@@ -105,7 +105,8 @@ class DistributedGraph:
 
 @dataclasses.dataclass
 class DistinctLookup:
-    ids: tf.Tensor          # the distinct ids (int64) the server's gather reads
+    gather: tf.Operation    # the gather of distinct rows, which the placer runs on the variable's server
+    ids: tf.Tensor          # the distinct ids (int64) it reads, on the worker
     position: tf.Tensor     # per looked-up id, its index in `ids`
 
 
@@ -205,7 +206,7 @@ def pull_distinct_rows(variable, needed: set) -> dict:
         expanded = tf.reshape(tf.gather(rows, position), tf.concat([tf.shape(ids), row_shape], 0))
         expanded.set_shape(looked_up.shape)
         rewire(looked_up, expanded, set(looked_up.consumers()))
-        expansions[rows.op] = (expanded, ids, DistinctLookup(distinct, position))
+        expansions[rows.op] = (expanded, ids, DistinctLookup(rows.op, distinct, position))
     return expansions
 
 

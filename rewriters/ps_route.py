@@ -18,6 +18,7 @@ from typing import List
 
 import tensorflow as tf
 
+from rewriters import ps_packing
 from rewriters.common import BuildRequest, Rebuilt, ancestors, tensor_bytes
 
 INDEX_BYTES = 8      # an int64 id travels with every row
@@ -32,6 +33,7 @@ class PSRoute:
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology
         self.pushes: List[tf.Operation] = []
+        self.packs: List[ps_packing.ServerPack] = []
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
 
@@ -41,43 +43,31 @@ class PSRoute:
         topo = self.topo
         local_agg = self.request.plan.local_aggregation and topo.local_size > 1
         num_required = len(self.topo.ranks_per_host) if local_agg else topo.size
-        pending, push_bytes = [], []
+        self.packs = ps_packing.pack_pulls(self.rebuilt.distinct_lookups, {
+            p.variable.op.name: p.variable for e in self.entries for p in self.rebuilt.parts[e.name]})
+        pack_of = {name: pack for pack in self.packs for name in pack.names} if not local_agg else {}
+        pending, push_bytes, packed_pushes = [], [], {}
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
                 if grad is None:
                     continue
                 var = part.variable
-                lookup = self.rebuilt.distinct_lookups.get(var.op.name)
-                with tf.device(topo.worker_device):
-                    if lookup is not None:      # summed onto the ids the lookup sent to the server
-                        grad = tf.IndexedSlices(tf.math.unsorted_segment_sum(
-                            grad.values, lookup.position, tf.shape(lookup.ids, out_type=tf.int64)[0]),
-                            lookup.ids, grad.dense_shape)
-                    elif isinstance(grad, tf.IndexedSlices):
-                        grad = combine_duplicates(grad)
-                    self.lower_bound.append(lower_bound_bytes(grad, var, topo.size, len(topo.ranks_per_host)))
-                # the first rank of a host serves that host's shards in-process: no transfer
-                remote = not (server_of(var) == topo.host and topo.local_rank == 0)
-                shared = var.op.name + "/parallax_grad"
-                target = _accumulator(var, grad, shared, var.device)
-                if local_agg:
-                    host_device = f"/job:ps/task:{topo.host}"
-                    host_acc = _accumulator(var, grad, f"{shared}_host{topo.host}", host_device)
-                    push = _push(host_acc, grad, var, host_device)
-                    if topo.local_rank != 0:    # the host's server lives in local rank 0's process
-                        push_bytes.append(tensor_bytes(grad))
-                    if topo.local_rank == 0:
-                        with tf.control_dependencies([push]):
-                            host_sum = _take(host_acc, grad, topo.local_size)
-                        push = _push(target, host_sum, var, var.device)
-                        if remote:
-                            push_bytes.append(tensor_bytes(host_sum))
-                else:
-                    push = _push(target, grad, var, var.device)
-                    if remote:
-                        push_bytes.append(tensor_bytes(grad))
-                self.pushes.append(push)
+                grad = self._combined(var, grad)
+                target = _accumulator(var, grad, var.op.name + "/parallax_grad", var.device)
+                if var.op.name in pack_of:      # pushed below, with the rest of its server's
+                    packed_pushes.setdefault(pack_of[var.op.name], []).append((target, grad, var))
+                    continue
+                push = self._push_own(target, grad, var, local_agg, push_bytes)
                 pending.append((target, grad, var, push))
+        for pack, members in packed_pushes.items():
+            on_server = pack.push({var.op.name: grad.values for _, grad, var in members})
+            if self._remote(pack.device):
+                push_bytes.extend(tensor_bytes(grad.values) for _, grad, _ in members)
+            for target, grad, var in members:
+                ids = pack.ids_on_server[pack.names.index(var.op.name)]
+                push = _push(target, tf.IndexedSlices(on_server[var.op.name], ids), var, var.device)
+                pending.append((target, grad, var, push))
+        self.pushes = [push for _, _, _, push in pending]
         self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
         self.bytes["ps_pull"] = self._pull_bytes()
         if not topo.is_chief:
@@ -89,6 +79,45 @@ class PSRoute:
             with tf.device(var.device), tf.control_dependencies([push]):
                 averaged[var.op.name] = _scale(_take(acc, grad, num_required), 1.0 / topo.size)
         return averaged
+
+    def _combined(self, var, grad):
+        """This rank's gradient with one row per distinct id (on the worker); also counts its
+        lower bound."""
+        lookup = self.rebuilt.distinct_lookups.get(var.op.name)
+        with tf.device(self.topo.worker_device):
+            if lookup is not None:      # summed onto the ids the lookup sent to the server
+                grad = tf.IndexedSlices(tf.math.unsorted_segment_sum(
+                    grad.values, lookup.position, tf.shape(lookup.ids, out_type=tf.int64)[0]),
+                    lookup.ids, grad.dense_shape)
+            elif isinstance(grad, tf.IndexedSlices):
+                grad = combine_duplicates(grad)
+            self.lower_bound.append(lower_bound_bytes(grad, var, self.topo.size, len(self.topo.ranks_per_host)))
+        return grad
+
+    def _push_own(self, target, grad, var, local_agg: bool, push_bytes: list) -> tf.Operation:
+        """The push of one variable's gradient by itself (through the host's accumulator with
+        local aggregation)."""
+        topo = self.topo
+        if not local_agg:
+            if self._remote(var.device):
+                push_bytes.append(tensor_bytes(grad))
+            return _push(target, grad, var, var.device)
+        host_device = f"/job:ps/task:{topo.host}"
+        host_acc = _accumulator(var, grad, f"{var.op.name}/parallax_grad_host{topo.host}", host_device)
+        push = _push(host_acc, grad, var, host_device)
+        if topo.local_rank != 0:    # the host's server lives in local rank 0's process
+            push_bytes.append(tensor_bytes(grad))
+            return push
+        with tf.control_dependencies([push]):
+            host_sum = _take(host_acc, grad, topo.local_size)
+        if self._remote(var.device):
+            push_bytes.append(tensor_bytes(host_sum))
+        return _push(target, host_sum, var, var.device)
+
+    def _remote(self, device: str) -> bool:
+        """Whether reaching a server's `device` crosses processes: the first rank of a host
+        serves that host's shards in-process."""
+        return not (tf.DeviceSpec.from_string(device).task == self.topo.host and self.topo.local_rank == 0)
 
     def release(self, chief_step: tf.Operation, payload: tf.Tensor) -> tf.Operation:
         """Rank 0, after its step (every PS variable updated): hands each other rank a token
@@ -113,22 +142,18 @@ class PSRoute:
 
     def _pull_bytes(self) -> tf.Tensor:
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,
-        or whole dense values)."""
+        or whole dense values; a pack's ids too, whose pushes then count only their rows)."""
         needed = ancestors(self.rebuilt.loss.op)
-        sizes = []
+        sizes = [pack.moved for pack in self.packs if self._remote(pack.device)]
+        packed = {name for pack in self.packs for name in pack.names}
         for entry in self.entries:
             for part in self.rebuilt.parts[entry.name]:
-                if server_of(part.variable) == self.topo.host and self.topo.local_rank == 0:
+                if not self._remote(part.variable.device) or part.variable.op.name in packed:
                     continue
                 for op in part.variable.handle.consumers():
                     if op.type in ("ResourceGather", "ReadVariableOp") and op in needed:
                         sizes.append(tensor_bytes(op.outputs[0]))
         return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
-
-
-def server_of(var) -> int:
-    """The PS task (= host index) a variable lives on."""
-    return tf.DeviceSpec.from_string(var.device).task
 
 
 def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int) -> tf.Tensor:
