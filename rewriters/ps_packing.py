@@ -84,7 +84,4 @@ def _pack(device: str, names: List[str], lookups: Dict[str, DistinctLookup], var
 
 
 def _width(row_shape: list) -> int:
-    width = 1
-    for dim in row_shape:
-        width *= int(dim)
-    return width
+    return tf.TensorShape(row_shape).num_elements()

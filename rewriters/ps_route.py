@@ -8,9 +8,10 @@ the global step and hands every other rank a token; the others wait for their to
 reads a variable before it is updated.
 
 Every tensor that crosses between tasks is a RecvTensor call of its own (a gRPC round trip, a
-few segments each way, runtime CPU on both ends), so nothing crosses that need not: a push
-reuses the ids its lookup already sent, its shape and step are constants on the server, and a
-rank waits for its token on its own worker rather than through every server.
+few segments each way, runtime CPU on both ends), so nothing crosses that need not: a rank's
+lookups on one server share one message each way (rewriters/ps_packing.py), a push reuses the
+ids its lookup already sent, its shape and step are constants on the server, and a rank waits
+for its token on its own worker rather than through every server.
 """
 from __future__ import annotations
 
