@@ -88,11 +88,12 @@ class PSRoute:
         with tf.device(self.topo.worker_device):
             if lookup is not None:      # summed onto the ids the lookup sent to the server
                 grad = tf.IndexedSlices(tf.math.unsorted_segment_sum(
-                    grad.values, lookup.position, tf.shape(lookup.ids, out_type=tf.int64)[0]),
+                    grad.values, lookup.position, tf.size(lookup.ids, out_type=tf.int64)),
                     lookup.ids, grad.dense_shape)
             elif isinstance(grad, tf.IndexedSlices):
                 grad = combine_duplicates(grad)
-            self.lower_bound.append(lower_bound_bytes(grad, var, self.topo.size, len(self.topo.ranks_per_host)))
+            self.lower_bound.append(lower_bound_bytes(grad, var, self.topo.size, len(self.topo.ranks_per_host),
+                                                      distinct_ids=True))
         return grad
 
     def _push_own(self, target, grad, var, local_agg: bool, push_bytes: list) -> tf.Operation:
@@ -157,14 +158,15 @@ class PSRoute:
         return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
 
 
-def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int) -> tf.Tensor:
+def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int, distinct_ids: bool = False) -> tf.Tensor:
     """The least one host's link must send for this variable per step, per rank: a sparse
     gradient's distinct rows pulled and pushed once and their ids sent once (the server can
     keep a pull's ids for the push), of which the (H-1)/H not served on the rank's own host
     cross a link (each host sends its ids, its pushes and the rows it serves); a dense one
-    through ring AllReduce, 2(N-1)/N of its bytes."""
+    through ring AllReduce, 2(N-1)/N of its bytes. `distinct_ids`: the gradient's ids are
+    already distinct (no tf.unique in every step)."""
     if isinstance(grad, tf.IndexedSlices):
-        rows = tf.cast(tf.size(tf.unique(grad.indices).y, out_type=tf.int64), tf.int64)
+        rows = tf.size(grad.indices if distinct_ids else tf.unique(grad.indices).y, out_type=tf.int64)
         row_bytes = var.dtype.base_dtype.size * max(1, int(tf.TensorShape(var.shape[1:]).num_elements() or 1))
         away = (num_hosts - 1) / num_hosts
         return tf.cast(tf.round(away * tf.cast(rows * (2 * row_bytes + INDEX_BYTES), tf.float64)), tf.int64)
