@@ -18,17 +18,25 @@ DEFAULT_PATH = os.path.join(os.path.expanduser("~"), ".cache", "parallax_tf", "c
 @dataclasses.dataclass
 class Calibration:
     # CPU one rank spends per step besides its model's compute (TF's executor and session,
-    # Horovod, the loop) and per PS task its step runs a partition on
+    # Horovod, the loop), more per other rank it runs with, and per PS task its step runs a
+    # partition on
     runtime_cpu_s: float = 0.020
     task_cpu_s: float = 0.0036
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
     rpc_overhead_s: float = 1e-3
+    peer_cpu_s: float = 0.0
+    # per byte a rank receives by allgather (copied, then applied by every replica)
+    gather_cpu_s_per_byte: float = 0.0
     source: str = "defaults (no calibration file; run python -m tools.calibrate)"
     measured: dict = dataclasses.field(default_factory=dict)   # the runs the constants come from
 
     def constants(self) -> dict:
-        return {f: getattr(self, f) for f in ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")}
+        return {f: getattr(self, f) for f in REQUIRED + LATER}
+
+
+REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
+LATER = ("peer_cpu_s", "gather_cpu_s_per_byte")     # files written before these existed lack them: 0
 
 
 def path(flag_value: Optional[str] = None) -> str:
@@ -43,8 +51,8 @@ def load(where: Optional[str] = None) -> Calibration:
     try:
         with open(where) as f:
             data = json.load(f)
-        got = Calibration(**{k: float(data[k]) for k in Calibration().constants()}, source=where,
-                          measured=data.get("measured", {}))
+        got = Calibration(**{k: float(data[k]) for k in REQUIRED}, **{k: float(data.get(k, 0.0)) for k in LATER},
+                          source=where, measured=data.get("measured", {}))
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"calibration file {where} is unreadable ({err!r}); run python -m tools.calibrate "
                           "again or delete it to use the defaults") from None

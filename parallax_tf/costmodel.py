@@ -9,9 +9,10 @@ Per step, every host link carries (each direction, full duplex):
                                   receives/sends s/P of every other host's share (fan-in)
 The busiest link sets the network time; round trips add latency; each graph run a server
 handles costs a fixed overhead; compute is the measured single-device time. A step also takes
-at least the CPU its rank spends (compute, runtime, each PS task it runs on), stretched when
-more ranks than cores share a machine (as on an emulated cluster). The CPU and per-message
-constants come from tools.calibrate.
+at least the CPU its rank spends (compute, runtime and more of it per other rank, each PS task
+it runs on, each byte it receives by allgather), stretched when more ranks than cores share a
+machine (as on an emulated cluster). The CPU and per-message constants come from
+tools.calibrate. Round trips are waited out whichever bound holds: they add to both.
 """
 from __future__ import annotations
 
@@ -36,11 +37,14 @@ class Cluster:
     message_overhead_s: float = _DEFAULTS.message_overhead_s   # what a server spends per RPC it handles
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
-    # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), and
-    # per PS task its graph runs a partition on: a step takes at least that CPU, times ranks /
-    # cores when ranks share cores. All four constants come from tools.calibrate.
+    # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
+    # per other rank, per PS task its graph runs a partition on and per byte it receives by
+    # allgather: a step takes at least that CPU, times ranks / cores when ranks share cores.
+    # All these constants come from tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
     task_cpu_s: float = _DEFAULTS.task_cpu_s
+    peer_cpu_s: float = _DEFAULTS.peer_cpu_s
+    gather_cpu_s_per_byte: float = _DEFAULTS.gather_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
 
     @classmethod
@@ -53,6 +57,11 @@ class Cluster:
     @property
     def ranks(self) -> int:
         return self.hosts * self.ranks_per_host
+
+    @property
+    def runtime_cpu(self) -> float:
+        """A rank's CPU per step besides compute, PS tasks and allgathers."""
+        return self.runtime_cpu_s + self.peer_cpu_s * (self.ranks - 1)
 
     @property
     def cpu_turns(self) -> float:
@@ -89,7 +98,9 @@ class Prediction:
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s + self.network_s + self.latency_s + self.server_s, self.cpu_bound_s)
+        # A rank bound by its CPU still waits out every round trip of the step, and its CPU (its
+        # host's share of the cores, on the rig) idles meanwhile: latency adds to both bounds.
+        return max(self.compute_s + self.network_s + self.server_s, self.cpu_bound_s) + self.latency_s
 
 
 def parse_rate(rate: str) -> float:
@@ -117,7 +128,7 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
         return tx, rx, messages
     if choice.route == ROUTE_ALLREDUCE:
         if load.gradient == "sparse":
-            per_hop = (N - 1) * (load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES)
+            per_hop = (N - 1) * allgathered_bytes(load)
         else:
             per_hop = 2 * (N - 1) / N * load.bytes
         return [per_hop] * H, [per_hop] * H, messages
@@ -143,10 +154,16 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
     return tx, rx, messages
 
 
+def allgathered_bytes(load: Load) -> int:
+    """What one rank contributes to an allgather of this sparse gradient: its rows and their ids."""
+    return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
+
+
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
     has_ps = has_ar = has_allgather = False
+    gathered = 0.0                                 # bytes a rank receives by allgather
     for load in loads:
         choice = choices[load.name]
         t, r, m = host_traffic(load, choice, cluster)
@@ -155,7 +172,9 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         messages = [max(a, b) for a, b in zip(messages, m)]
         has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
         has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient == "dense"
-        has_allgather |= choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse"
+        if choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse":
+            has_allgather = True
+            gathered += (N - 1) * allgathered_bytes(load)
     network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
     latency = 0.0
@@ -169,7 +188,8 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
-    per_rank = compute_s + cluster.runtime_cpu_s + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster)
+    per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
+        + cluster.gather_cpu_s_per_byte * gathered
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
@@ -310,7 +330,7 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
     # as predict(): at least each node's own CPU work, on its share of the cores when ranks share
     # them (each host its own share, as the rig's quotas give: the FC node's is the busiest)
-    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu_s) * cluster.cpu_turns
+    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu) * cluster.cpu_turns
     # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
     # round besides the links' delay
     rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)

@@ -13,12 +13,12 @@ from parallax_tf.model import RunContext
 from parallax_tf.planner import make_plan
 from tests.test_rig import _run
 
-CONSTANTS = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
+CONSTANTS = calibration.REQUIRED + calibration.LATER
 
 
 def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     path = os.path.join(tempfile.mkdtemp(), "calibration.json")
-    proc = _run(["tools.calibrate", "--model=mlp", "--cal_hosts=2", "--steps=8", "--warmup=2",
+    proc = _run(["tools.calibrate", "--model=mlp", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
                  "--cal_round_trips=50", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
@@ -26,11 +26,21 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert all(data[k] >= 0 for k in CONSTANTS), data
     assert 1e-5 < data["rpc_overhead_s"] < 0.5 and data["message_overhead_s"] < 0.5
     runs = data["measured"]["cpu"]["runs"]
-    assert [runs[r]["ps_tasks"] for r in ("hybrid_1", "hybrid_2")] == [1, 2]     # the mlp's one table
-    assert all(run["cpu_s_per_step"] > 0 for run in runs.values())
+    cpu = {name: run["cpu_s_per_step"] for name, run in runs.items()}
+    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks
+    assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
+        "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0)}
+    assert runs["allreduce"]["gathered_bytes"] > 0 and runs["hybrid_1"]["gathered_bytes"] == 0
+    assert all(seconds > 0 for seconds in cpu.values())
     fit = data["measured"]["cpu"]["fit"]            # the file keeps the raw fit; the constants floor it at 0
-    assert data["task_cpu_s"] == max(0.0, fit["task_cpu_s"])
-    assert fit["task_cpu_s"] == pytest.approx(runs["hybrid_2"]["cpu_s_per_step"] - runs["hybrid_1"]["cpu_s_per_step"])
+    assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
+    task = (cpu["hybrid_3"] - cpu["hybrid_1"]) / 2
+    assert fit["task_cpu_s"] == pytest.approx(task)
+    runtime_at = {2: cpu["hybrid_1_on_2"] - cpu["single"] - task, 3: cpu["hybrid_1"] - cpu["single"] - task}
+    assert fit["peer_cpu_s"] == pytest.approx(runtime_at[3] - runtime_at[2])
+    assert fit["runtime_cpu_s"] == pytest.approx(runtime_at[2] - fit["peer_cpu_s"])
+    assert fit["gather_cpu_s_per_byte"] == pytest.approx(
+        (cpu["allreduce"] - cpu["single"] - runtime_at[3]) / runs["allreduce"]["gathered_bytes"])
 
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
@@ -70,9 +80,40 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     monkeypatch.setenv("PARALLAX_CALIBRATION", os.path.join(tempfile.mkdtemp(), "absent.json"))
     assert calibration.load().constants() == calibration.Calibration().constants()
     assert "no calibration file" in calibration.load().source
+    # a file from before the per-rank and allgather terms: those are 0, the rest is read
+    older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
+    assert calibration.load(_write(older)).constants() == {**older, "peer_cpu_s": 0.0, "gather_cpu_s_per_byte": 0.0}
     bad = _write({"runtime_cpu_s": 0.01})
     with pytest.raises(ConfigError, match=f"calibration file {bad} is unreadable.*tools.calibrate"):
         calibration.load(bad)
     negative = _write({"runtime_cpu_s": -1.0, "task_cpu_s": 0.0, "message_overhead_s": 0.0, "rpc_overhead_s": 0.0})
     with pytest.raises(ConfigError, match="runtime_cpu_s must be >= 0"):
         calibration.load(negative)
+
+
+def test_cpu_grows_per_other_rank_and_per_allgathered_byte_and_auto_follows():
+    """The calibrated terms enter a rank's CPU per step exactly; an allgather whose bytes cost
+    more CPU than the PS tasks that would replace it sends auto's sparse tables to the PS."""
+    from models import lm
+    captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0)
+    loads = costmodel.loads_from(captured)
+    link = costmodel.parse_rate("1gbit")
+    cluster = costmodel.Cluster(4, 1, link, cores=2, runtime_cpu_s=0.004, task_cpu_s=0.002)
+    gathered_all = {l.name: costmodel.Choice("allreduce") for l in loads}
+    sparse = [l for l in loads if l.gradient == "sparse"]
+    received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse)       # from 3 other ranks
+
+    def cpu_bound(**terms):
+        import dataclasses
+        return costmodel.predict(loads, gathered_all, dataclasses.replace(cluster, **terms), 0.001).cpu_bound_s
+    turns = 4 / 2
+    assert cpu_bound(peer_cpu_s=0.001) - cpu_bound() == pytest.approx(0.001 * 3 * turns)
+    assert cpu_bound(gather_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
+
+    def routes(gather_cost):
+        import dataclasses
+        chosen = costmodel.choose(loads, dataclasses.replace(cluster, gather_cpu_s_per_byte=gather_cost), 0.001)
+        return {l.name: chosen[l.name].route for l in sparse}
+    assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task
+    costly = routes(5e-8)          # ~8 ms of CPU for each large table's allgather does not
+    assert (costly["embedding"], costly["softmax_w"]) == ("ps", "ps"), costly

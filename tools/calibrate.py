@@ -2,16 +2,19 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate                 # lm on 8 emulated hosts, ~3 minutes
+    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, ~5 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
   message_overhead_s   that PS process's CPU time per request it served (from /proc)
-  runtime_cpu_s        CPU one rank spends per step besides its model's compute, and
+  runtime_cpu_s        CPU one rank spends per step besides its model's compute,
+  peer_cpu_s           more per other rank, and
   task_cpu_s           per PS task its step runs on: hybrid on --cal_hosts emulated hosts
-                       with every table in 1 shard and in --cal_hosts shards, per-rank CPU per
-                       step = single-process CPU + runtime + task x (tasks the step runs on),
-                       two runs, two unknowns
+                       with every table in 1 shard and in --cal_hosts shards, and on
+                       --cal_few_hosts with 1 shard; per-rank CPU per step = single-process
+                       CPU + runtime + peer x (ranks - 1) + task x (tasks the step runs on)
+  gather_cpu_s_per_byte  per byte a rank receives by allgather: --strategy=allreduce (every
+                       sparse gradient allgathered) on --cal_hosts, beyond the hybrid fit
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibratio
 from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
 from tools import shared  # noqa: F401  (--model, --warmup)
 
-flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the two hybrid runs.")
+flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the two hybrid runs and the allreduce run.")
+flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the hybrid run that sets how runtime CPU grows "
+                     "with the ranks (fewer than --cal_hosts).")
 flags.DEFINE_string("cal_bandwidth", "1gbit", "Their link rate (fast: the runs measure CPU, not links).")
 flags.DEFINE_integer("cal_round_trips", 300, "PS round trips timed.")
 FLAGS = flags.FLAGS
@@ -84,12 +89,16 @@ def measure_round_trips(count: int) -> dict:
         server.wait(timeout=30)
 
 
-def measure_runtime_cpu(model: str, hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
-    """runtime_cpu_s and task_cpu_s from a single-process run and two hybrid runs."""
+def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
+    """runtime_cpu_s, peer_cpu_s, task_cpu_s and gather_cpu_s_per_byte from a single-process
+    run, three hybrid runs and an allreduce run."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
     from tools.shared import model_and_input
+    if not 1 < few_hosts < hosts:
+        raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
+                         f"--cal_hosts={hosts}")
     model_fn, input_fn = model_and_input(model)
     captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
     loads = costmodel.loads_from(captured)
@@ -97,43 +106,60 @@ def measure_runtime_cpu(model: str, hosts: int, bandwidth: str, steps: int, warm
     if "error" in single:
         raise SystemExit(f"tools.calibrate: the single-process run failed: {single['error']}")
     runs = {"single": {"cpu_s_per_step": single["cpu_s_per_step_per_rank"], "step_s": single["step_s"]}}
-    cluster = costmodel.Cluster(hosts)
-    for shards in sorted({1, hosts}):
-        plan = make_plan(captured, "hybrid", hosts, hosts, partitions=shards)
+
+    def run(name: str, strategy: str, on_hosts: int, shards: int = 1) -> dict:
+        plan = make_plan(captured, strategy, on_hosts, on_hosts, partitions=shards)
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
-        got = bench.run_strategy("hybrid", hosts, 1, bandwidth, "0ms", model, steps, warmup,
-                                 extra_flags=[f"--partitions={shards}"])
+        got = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", model, steps, warmup,
+                                 extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
         if "error" in got:
-            raise SystemExit(f"tools.calibrate: hybrid with {shards} shard(s) failed: {got['error']}")
-        runs[f"hybrid_{shards}"] = {"partitions": shards, "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
-                                    "cpu_s_per_step": got["cpu_s_per_step_per_rank"], "step_s": got["step_s"]}
-    few, many = runs["hybrid_1"], runs[f"hybrid_{hosts}"]
+            raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
+        cluster = costmodel.Cluster(on_hosts)
+        gathered = sum((on_hosts - 1) * costmodel.allgathered_bytes(l) for l in loads
+                       if choices[l.name].route == "allreduce" and l.gradient == "sparse")
+        runs[name] = {"hosts": on_hosts, "partitions": shards, "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
+                      "gathered_bytes": gathered, "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
+                      "step_s": got["step_s"]}
+        return runs[name]
+
+    few, many = run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
+    smaller = run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
+    gathering = run("allreduce", "allreduce", hosts)
+    compute = runs["single"]["cpu_s_per_step"]
     tasks = many["ps_tasks"] - few["ps_tasks"]
     task = (many["cpu_s_per_step"] - few["cpu_s_per_step"]) / tasks if tasks else 0.0
-    runtime = few["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"] - task * few["ps_tasks"]
+    # runtime at N ranks = base + peer x (N - 1), from the 1-shard runs on both host counts
+    at_many = few["cpu_s_per_step"] - compute - task * few["ps_tasks"]
+    at_few = smaller["cpu_s_per_step"] - compute - task * smaller["ps_tasks"]
+    peer = (at_many - at_few) / (hosts - few_hosts)
+    runtime = at_few - peer * (few_hosts - 1)
+    gather = (gathering["cpu_s_per_step"] - compute - at_many - task * gathering["ps_tasks"]) \
+        / gathering["gathered_bytes"] if gathering["gathered_bytes"] else 0.0
+    fit = {"runtime_cpu_s": runtime, "peer_cpu_s": peer, "task_cpu_s": task, "gather_cpu_s_per_byte": gather}
     # noise can make a difference negative; the model needs costs, so they are floored at 0
     # and the raw figures stay in the file
-    return {"runtime_cpu_s": max(0.0, runtime), "task_cpu_s": max(0.0, task),
-            "fit": {"runtime_cpu_s": runtime, "task_cpu_s": task}, "runs": runs, "model": model, "hosts": hosts,
-            "bandwidth": bandwidth, "steps": steps, "warmup": warmup}
+    return {**{k: max(0.0, v) for k, v in fit.items()}, "fit": fit, "runs": runs, "model": model,
+            "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup}
 
 
 def main(argv):
     trips = measure_round_trips(FLAGS.cal_round_trips)
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
-    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup)
+    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_few_hosts, FLAGS.cal_bandwidth,
+                              FLAGS.steps, FLAGS.warmup)
     for name, run in cpu["runs"].items():
-        tasks = f", {run['ps_tasks']} PS task(s)" if "ps_tasks" in run else ""
-        print(f"{name:>10}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{tasks}", flush=True)
+        where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['gathered_bytes']:,} B allgathered" \
+            if "hosts" in run else ""
+        print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{where}", flush=True)
+    fitted = ("runtime_cpu_s", "peer_cpu_s", "task_cpu_s", "gather_cpu_s_per_byte")
     got = calibration_lib.Calibration(
-        runtime_cpu_s=cpu["runtime_cpu_s"], task_cpu_s=cpu["task_cpu_s"],
+        **{k: cpu[k] for k in fitted},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
-        measured={"round_trips": trips, "cpu": {k: v for k, v in cpu.items() if k not in ("runtime_cpu_s",
-                                                                                            "task_cpu_s")},
+        measured={"round_trips": trips, "cpu": {k: v for k, v in cpu.items() if k not in fitted},
                   "cores": os.cpu_count(), "host": socket.gethostname(), "unix_time": time.time()})
     where = calibration_lib.save(got, FLAGS.calibration)
-    print(f"wrote {where}: " + json.dumps({k: round(v, 6) for k, v in got.constants().items()}), flush=True)
+    print(f"wrote {where}: " + json.dumps({k: float(f"{v:.4g}") for k, v in got.constants().items()}), flush=True)
 
 
 if __name__ == "__main__":

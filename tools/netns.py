@@ -51,7 +51,12 @@ def teardown() -> None:
         name = line.split(" ")[0]
         if name.startswith(f"{PREFIX}-"):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    subprocess.run(["ip", "link", "del", f"{PREFIX}-l0"], capture_output=True)
+    # a setup stopped between creating a host's veth pair and moving it leaves it here
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
+    for line in links:
+        name = line.split(": ")[1].split("@")[0] if line.count(": ") >= 2 else ""
+        if name.startswith(PREFIX):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
     for entry in os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []:
         if entry.startswith(f"{PREFIX}-"):
             shutil.rmtree(os.path.join("/etc/netns", entry), ignore_errors=True)
