@@ -21,13 +21,13 @@ class Calibration:
     # Horovod, the loop), more per other rank it runs with, and per PS task its step runs a
     # partition on
     runtime_cpu_s: float = 0.020
+    peer_cpu_s: float = 0.0
     task_cpu_s: float = 0.0036
+    # per byte a rank receives by allgather (copied, then applied by every replica)
+    gather_cpu_s_per_byte: float = 0.0
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
     rpc_overhead_s: float = 1e-3
-    peer_cpu_s: float = 0.0
-    # per byte a rank receives by allgather (copied, then applied by every replica)
-    gather_cpu_s_per_byte: float = 0.0
     source: str = "defaults (no calibration file; run python -m tools.calibrate)"
     measured: dict = dataclasses.field(default_factory=dict)   # the runs the constants come from
 

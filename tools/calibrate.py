@@ -29,6 +29,7 @@ from absl import app, flags
 
 from parallax_tf import calibration as calibration_lib
 from parallax_tf import costmodel
+from parallax_tf.plan import ROUTE_ALLREDUCE
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibration, ...)
 from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
 from tools import shared  # noqa: F401  (--model, --warmup)
@@ -116,7 +117,7 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
             raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
         cluster = costmodel.Cluster(on_hosts)
         gathered = sum((on_hosts - 1) * costmodel.allgathered_bytes(l) for l in loads
-                       if choices[l.name].route == "allreduce" and l.gradient == "sparse")
+                       if choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse")
         runs[name] = {"hosts": on_hosts, "partitions": shards, "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
                       "gathered_bytes": gathered, "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
                       "step_s": got["step_s"]}
