@@ -74,7 +74,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
-    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, session.remote_tasks(graph, topo.rank))
+    remote = session.remote_tasks(graph, topo.rank)
+    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, remote,
+                                in_process=session.alone(remote, topo.rank, topo.size))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)

@@ -18,10 +18,12 @@ DEFAULT_PATH = os.path.join(os.path.expanduser("~"), ".cache", "parallax_tf", "c
 @dataclasses.dataclass
 class Calibration:
     # CPU one rank spends per step besides its model's compute (TF's executor and session,
-    # Horovod, the loop), more per other rank it runs with, and per PS task its step runs a
-    # partition on
+    # Horovod, the loop), more per other rank it runs with, more when its step goes through
+    # TF's gRPC master (a plan with PS variables; others run in a session of their own
+    # process), and per PS task its step runs a partition on
     runtime_cpu_s: float = 0.020
     peer_cpu_s: float = 0.0
+    master_cpu_s: float = 0.0
     task_cpu_s: float = 0.0036
     # per byte a rank receives by allgather (copied, then applied by every replica)
     gather_cpu_s_per_byte: float = 0.0
@@ -36,7 +38,7 @@ class Calibration:
 
 
 REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
-LATER = ("peer_cpu_s", "gather_cpu_s_per_byte")     # files written before these existed lack them: 0
+LATER = ("peer_cpu_s", "master_cpu_s", "gather_cpu_s_per_byte")     # files written before these existed lack them: 0
 
 
 def path(flag_value: Optional[str] = None) -> str:

@@ -9,10 +9,11 @@ Per step, every host link carries (each direction, full duplex):
                                   receives/sends s/P of every other host's share (fan-in)
 The busiest link sets the network time; round trips add latency; each graph run a server
 handles costs a fixed overhead; compute is the measured single-device time. A step also takes
-at least the CPU its rank spends (compute, runtime and more of it per other rank, each PS task
-it runs on, each byte it receives by allgather), stretched when more ranks than cores share a
-machine (as on an emulated cluster). The CPU and per-message constants come from
-tools.calibrate. Round trips are waited out whichever bound holds: they add to both.
+at least the CPU its rank spends (compute, runtime and more of it per other rank and through
+TF's gRPC master, each PS task it runs on, each byte it receives by allgather), stretched when
+more ranks than cores share a machine (as on an emulated cluster). The CPU and per-message
+constants come from tools.calibrate. Round trips are waited out whichever bound holds: they
+add to both.
 """
 from __future__ import annotations
 
@@ -38,12 +39,14 @@ class Cluster:
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
     # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
-    # per other rank, per PS task its graph runs a partition on and per byte it receives by
-    # allgather: a step takes at least that CPU, times ranks / cores when ranks share cores.
-    # All these constants come from tools.calibrate.
+    # per other rank, through TF's gRPC master (plans with PS variables), per PS task its graph
+    # runs a partition on and per byte it receives by allgather: a step takes at least that
+    # CPU, times ranks / cores when ranks share cores. All these constants come from
+    # tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
     task_cpu_s: float = _DEFAULTS.task_cpu_s
     peer_cpu_s: float = _DEFAULTS.peer_cpu_s
+    master_cpu_s: float = _DEFAULTS.master_cpu_s
     gather_cpu_s_per_byte: float = _DEFAULTS.gather_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
 
@@ -189,7 +192,7 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.gather_cpu_s_per_byte * gathered
+        + cluster.gather_cpu_s_per_byte * gathered + (cluster.master_cpu_s if has_ps else 0.0)
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,

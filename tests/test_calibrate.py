@@ -1,5 +1,6 @@
 """Calibration: tools.calibrate measures and writes the cost model's constants, the planner
 reads them and its shard counts follow them."""
+import dataclasses
 import json
 import os
 import tempfile
@@ -27,20 +28,22 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert 1e-5 < data["rpc_overhead_s"] < 0.5 and data["message_overhead_s"] < 0.5
     runs = data["measured"]["cpu"]["runs"]
     cpu = {name: run["cpu_s_per_step"] for name, run in runs.items()}
-    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks
+    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1
     assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
-        "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0)}
-    assert runs["allreduce"]["gathered_bytes"] > 0 and runs["hybrid_1"]["gathered_bytes"] == 0
+        "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0),
+        "allreduce_on_2": (2, 0)}
+    gathered = {name: run.get("gathered_bytes") for name, run in runs.items()}
+    assert gathered["allreduce"] == 2 * gathered["allreduce_on_2"] > 0 and gathered["hybrid_1"] == 0
     assert all(seconds > 0 for seconds in cpu.values())
     fit = data["measured"]["cpu"]["fit"]            # the file keeps the raw fit; the constants floor it at 0
     assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
-    task = (cpu["hybrid_3"] - cpu["hybrid_1"]) / 2
-    assert fit["task_cpu_s"] == pytest.approx(task)
-    runtime_at = {2: cpu["hybrid_1_on_2"] - cpu["single"] - task, 3: cpu["hybrid_1"] - cpu["single"] - task}
-    assert fit["peer_cpu_s"] == pytest.approx(runtime_at[3] - runtime_at[2])
-    assert fit["runtime_cpu_s"] == pytest.approx(runtime_at[2] - fit["peer_cpu_s"])
-    assert fit["gather_cpu_s_per_byte"] == pytest.approx(
-        (cpu["allreduce"] - cpu["single"] - runtime_at[3]) / runs["allreduce"]["gathered_bytes"])
+    beyond = {name: seconds - cpu["single"] for name, seconds in cpu.items()}
+    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + gather bytes
+    for name, ranks, master, tasks in [("hybrid_1", 3, 1, 1), ("hybrid_3", 3, 1, 3), ("hybrid_1_on_2", 2, 1, 1),
+                                       ("allreduce", 3, 0, 0), ("allreduce_on_2", 2, 0, 0)]:
+        assert beyond[name] == pytest.approx(
+            fit["runtime_cpu_s"] + fit["peer_cpu_s"] * (ranks - 1) + fit["master_cpu_s"] * master
+            + fit["task_cpu_s"] * tasks + fit["gather_cpu_s_per_byte"] * (gathered[name] or 0), abs=1e-9), name
 
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
@@ -82,7 +85,7 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     assert "no calibration file" in calibration.load().source
     # a file from before the per-rank and allgather terms: those are 0, the rest is read
     older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
-    assert calibration.load(_write(older)).constants() == {**older, "peer_cpu_s": 0.0, "gather_cpu_s_per_byte": 0.0}
+    assert calibration.load(_write(older)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
     bad = _write({"runtime_cpu_s": 0.01})
     with pytest.raises(ConfigError, match=f"calibration file {bad} is unreadable.*tools.calibrate"):
         calibration.load(bad)
@@ -91,9 +94,10 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
         calibration.load(negative)
 
 
-def test_cpu_grows_per_other_rank_and_per_allgathered_byte_and_auto_follows():
-    """The calibrated terms enter a rank's CPU per step exactly; an allgather whose bytes cost
-    more CPU than the PS tasks that would replace it sends auto's sparse tables to the PS."""
+def test_cpu_terms_per_other_rank_master_and_allgathered_byte_and_auto_follows():
+    """The calibrated terms enter a rank's CPU per step exactly (the gRPC master's only with PS
+    variables); an allgather whose bytes cost more CPU than the PS tasks that would replace it
+    sends auto's sparse tables to the PS."""
     from models import lm
     captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0)
     loads = costmodel.loads_from(captured)
@@ -104,14 +108,17 @@ def test_cpu_grows_per_other_rank_and_per_allgathered_byte_and_auto_follows():
     received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse)       # from 3 other ranks
 
     def cpu_bound(**terms):
-        import dataclasses
         return costmodel.predict(loads, gathered_all, dataclasses.replace(cluster, **terms), 0.001).cpu_bound_s
     turns = 4 / 2
     assert cpu_bound(peer_cpu_s=0.001) - cpu_bound() == pytest.approx(0.001 * 3 * turns)
+    assert cpu_bound(master_cpu_s=0.001) == cpu_bound()           # no PS variable: no gRPC master
+    on_ps = {**gathered_all, "embedding": costmodel.Choice("ps", 1)}
+    with_master = costmodel.predict(loads, on_ps, dataclasses.replace(cluster, master_cpu_s=0.001), 0.001)
+    assert with_master.cpu_bound_s - costmodel.predict(loads, on_ps, cluster, 0.001).cpu_bound_s == \
+        pytest.approx(0.001 * turns)
     assert cpu_bound(gather_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
 
     def routes(gather_cost):
-        import dataclasses
         chosen = costmodel.choose(loads, dataclasses.replace(cluster, gather_cpu_s_per_byte=gather_cost), 0.001)
         return {l.name: chosen[l.name].route for l in sparse}
     assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task

@@ -2,19 +2,24 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, ~5 minutes
+    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, ~6 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
   message_overhead_s   that PS process's CPU time per request it served (from /proc)
-  runtime_cpu_s        CPU one rank spends per step besides its model's compute,
-  peer_cpu_s           more per other rank, and
-  task_cpu_s           per PS task its step runs on: hybrid on --cal_hosts emulated hosts
-                       with every table in 1 shard and in --cal_hosts shards, and on
-                       --cal_few_hosts with 1 shard; per-rank CPU per step = single-process
-                       CPU + runtime + peer x (ranks - 1) + task x (tasks the step runs on)
+  task_cpu_s           CPU per PS task a rank's step runs on: hybrid on --cal_hosts emulated
+                       hosts with every table in 1 shard and in --cal_hosts shards
+  peer_cpu_s           CPU per step per other rank: hybrid in 1 shard on --cal_few_hosts
+                       and on --cal_hosts
   gather_cpu_s_per_byte  per byte a rank receives by allgather: --strategy=allreduce (every
-                       sparse gradient allgathered) on --cal_hosts, beyond the hybrid fit
+                       sparse gradient allgathered) on both host counts, beyond the per-rank term
+  runtime_cpu_s        CPU one rank spends per step besides its model's compute: the allreduce
+                       run on --cal_few_hosts, less the terms above
+  master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
+                       variables; the others run in a session of their own process): the
+                       hybrid run on --cal_few_hosts, less the terms above
+Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
+(PS plans) + task x (PS tasks its step runs on) + gather x (bytes it receives by allgather).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -91,8 +96,8 @@ def measure_round_trips(count: int) -> dict:
 
 
 def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
-    """runtime_cpu_s, peer_cpu_s, task_cpu_s and gather_cpu_s_per_byte from a single-process
-    run, three hybrid runs and an allreduce run."""
+    """The CPU constants (see the module's doc) from a single-process run, three hybrid runs and
+    two allreduce runs."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
@@ -123,20 +128,24 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
                       "step_s": got["step_s"]}
         return runs[name]
 
-    few, many = run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
-    smaller = run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
-    gathering = run("allreduce", "allreduce", hosts)
-    compute = runs["single"]["cpu_s_per_step"]
-    tasks = many["ps_tasks"] - few["ps_tasks"]
-    task = (many["cpu_s_per_step"] - few["cpu_s_per_step"]) / tasks if tasks else 0.0
-    # runtime at N ranks = base + peer x (N - 1), from the 1-shard runs on both host counts
-    at_many = few["cpu_s_per_step"] - compute - task * few["ps_tasks"]
-    at_few = smaller["cpu_s_per_step"] - compute - task * smaller["ps_tasks"]
-    peer = (at_many - at_few) / (hosts - few_hosts)
-    runtime = at_few - peer * (few_hosts - 1)
-    gather = (gathering["cpu_s_per_step"] - compute - at_many - task * gathering["ps_tasks"]) \
-        / gathering["gathered_bytes"] if gathering["gathered_bytes"] else 0.0
-    fit = {"runtime_cpu_s": runtime, "peer_cpu_s": peer, "task_cpu_s": task, "gather_cpu_s_per_byte": gather}
+    one_shard, spread = run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
+    one_shard_few = run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
+    gathering, gathering_few = run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce",
+                                                                        few_hosts)
+
+    def beyond(r: dict) -> float:
+        return r["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"]
+    tasks = spread["ps_tasks"] - one_shard["ps_tasks"]
+    task = (beyond(spread) - beyond(one_shard)) / tasks if tasks else 0.0
+    peer = (beyond(one_shard) - beyond(one_shard_few) - task * (one_shard["ps_tasks"] - one_shard_few["ps_tasks"])) \
+        / (hosts - few_hosts)
+    more_gathered = gathering["gathered_bytes"] - gathering_few["gathered_bytes"]
+    gather = (beyond(gathering) - beyond(gathering_few) - peer * (hosts - few_hosts)) / more_gathered \
+        if more_gathered else 0.0
+    runtime = beyond(gathering_few) - peer * (few_hosts - 1) - gather * gathering_few["gathered_bytes"]
+    master = beyond(one_shard_few) - runtime - peer * (few_hosts - 1) - task * one_shard_few["ps_tasks"]
+    fit = {"runtime_cpu_s": runtime, "peer_cpu_s": peer, "master_cpu_s": master, "task_cpu_s": task,
+           "gather_cpu_s_per_byte": gather}
     # noise can make a difference negative; the model needs costs, so they are floored at 0
     # and the raw figures stay in the file
     return {**{k: max(0.0, v) for k, v in fit.items()}, "fit": fit, "runs": runs, "model": model,
@@ -153,7 +162,7 @@ def main(argv):
         where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['gathered_bytes']:,} B allgathered" \
             if "hosts" in run else ""
         print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{where}", flush=True)
-    fitted = ("runtime_cpu_s", "peer_cpu_s", "task_cpu_s", "gather_cpu_s_per_byte")
+    fitted = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "gather_cpu_s_per_byte")
     got = calibration_lib.Calibration(
         **{k: cpu[k] for k in fitted},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
