@@ -149,3 +149,21 @@ def test_step_report_sums_byte_counts_exactly_even_in_float32():
                                                                report.checkpoint_request: 1.0})
     assert got_alone.tolist() == [0.75, 1.0] + counts
     assert got_summed.tolist() == [2.25, 3.0] + [3 * c for c in counts]
+
+
+def test_a_rank_alone_runs_in_its_own_process_with_its_placements_dropped():
+    """A graph placed on this rank's worker (a while loop's body in a function included) runs in
+    a session of the process when nothing else is involved; with a PS it goes through the master."""
+    from parallax_tf.runtime import session
+    assert session.alone([], rank=0, size=1)
+    assert not session.alone(["/job:ps"], rank=0, size=1)
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/job:worker/task:3"):
+        weight = tf.compat.v1.get_variable("w", initializer=2.0, use_resource=True)
+        _, total = tf.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * weight), [0, tf.constant(1.0)])
+        grad = tf.gradients(total, weight)[0]
+    graph.finalize()
+    sess = session.open_session("grpc://unused:1", graph, rank=3, timeout_s=10, remote=[], in_process=True)
+    sess.run(weight.initializer)
+    assert sess.run([total, grad]) == [8.0, 12.0]      # w^3 and 3 w^2 at w = 2
+    assert all(op.device == "" for op in graph.get_operations())
