@@ -1,8 +1,9 @@
 """Rank rendezvous through Horovod and the in-process TF gRPC servers.
 
-Every rank runs a `worker` server (its session's target); the first rank of each host also
-runs that host's `ps` server, which holds the PS shards the plan puts on the host. Addresses
-are exchanged with Horovod's allgather, so no extra coordination service is needed.
+Every rank runs a `worker` server (its session's target when its graph uses other tasks or
+another rank's graph uses its worker: see session.alone); the first rank of each host also runs
+that host's `ps` server, which holds the PS shards the plan puts on the host. Addresses are
+exchanged with Horovod's allgather, so no extra coordination service is needed.
 """
 from __future__ import annotations
 
