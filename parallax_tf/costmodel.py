@@ -162,11 +162,17 @@ def allgathered_bytes(load: Load) -> int:
     return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
 
 
+def received_by_allgather(loads: List[Load], choices: Dict[str, Choice], ranks: int) -> int:
+    """Bytes one rank receives per step by allgather: every other rank's share of each sparse
+    gradient the plan allgathers."""
+    return sum((ranks - 1) * allgathered_bytes(load) for load in loads
+               if choices[load.name].route == ROUTE_ALLREDUCE and load.gradient == "sparse")
+
+
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
     has_ps = has_ar = has_allgather = False
-    gathered = 0.0                                 # bytes a rank receives by allgather
     for load in loads:
         choice = choices[load.name]
         t, r, m = host_traffic(load, choice, cluster)
@@ -175,9 +181,7 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         messages = [max(a, b) for a, b in zip(messages, m)]
         has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
         has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient == "dense"
-        if choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse":
-            has_allgather = True
-            gathered += (N - 1) * allgathered_bytes(load)
+        has_allgather |= choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse"
     network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
     latency = 0.0
@@ -192,7 +196,8 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.gather_cpu_s_per_byte * gathered + (cluster.master_cpu_s if has_ps else 0.0)
+        + cluster.gather_cpu_s_per_byte * received_by_allgather(loads, choices, N) \
+        + (cluster.master_cpu_s if has_ps else 0.0)
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,

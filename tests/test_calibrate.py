@@ -83,7 +83,7 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     monkeypatch.setenv("PARALLAX_CALIBRATION", os.path.join(tempfile.mkdtemp(), "absent.json"))
     assert calibration.load().constants() == calibration.Calibration().constants()
     assert "no calibration file" in calibration.load().source
-    # a file from before the per-rank and allgather terms: those are 0, the rest is read
+    # a file from before the per-rank, master and allgather terms: those are 0, the rest is read
     older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
     assert calibration.load(_write(older)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
     bad = _write({"runtime_cpu_s": 0.01})

@@ -34,14 +34,13 @@ from absl import app, flags
 
 from parallax_tf import calibration as calibration_lib
 from parallax_tf import costmodel
-from parallax_tf.plan import ROUTE_ALLREDUCE
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibration, ...)
 from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
 from tools import shared  # noqa: F401  (--model, --warmup)
 
-flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the two hybrid runs and the allreduce run.")
-flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the hybrid run that sets how runtime CPU grows "
-                     "with the ranks (fewer than --cal_hosts).")
+flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the 1- and N-shard hybrid runs and an allreduce run.")
+flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard hybrid run and allreduce run, "
+                     "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
 flags.DEFINE_string("cal_bandwidth", "1gbit", "Their link rate (fast: the runs measure CPU, not links).")
 flags.DEFINE_integer("cal_round_trips", 300, "PS round trips timed.")
 FLAGS = flags.FLAGS
@@ -120,11 +119,10 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
                                  extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
         if "error" in got:
             raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
-        cluster = costmodel.Cluster(on_hosts)
-        gathered = sum((on_hosts - 1) * costmodel.allgathered_bytes(l) for l in loads
-                       if choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse")
-        runs[name] = {"hosts": on_hosts, "partitions": shards, "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
-                      "gathered_bytes": gathered, "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
+        runs[name] = {"hosts": on_hosts, "partitions": shards,
+                      "ps_tasks": costmodel._ps_tasks(loads, choices, costmodel.Cluster(on_hosts)),
+                      "gathered_bytes": costmodel.received_by_allgather(loads, choices, on_hosts),
+                      "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
                       "step_s": got["step_s"]}
         return runs[name]
 
