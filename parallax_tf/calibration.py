@@ -25,8 +25,8 @@ class Calibration:
     peer_cpu_s: float = 0.0
     master_cpu_s: float = 0.0
     task_cpu_s: float = 0.0036
-    # per byte a rank receives by allgather (copied, then applied by every replica)
-    gather_cpu_s_per_byte: float = 0.0
+    # per byte a rank's host receives, by collectives or PS (copied, summed, deserialised)
+    received_cpu_s_per_byte: float = 0.0
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
     rpc_overhead_s: float = 1e-3
@@ -38,7 +38,9 @@ class Calibration:
 
 
 REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
-LATER = ("peer_cpu_s", "master_cpu_s", "gather_cpu_s_per_byte")     # files written before these existed lack them: 0
+# files written before these existed lack them: 0 (those of before 2026-11-25 have
+# gather_cpu_s_per_byte, for allgathers alone, which is ignored: calibrate again)
+LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte")
 
 
 def path(flag_value: Optional[str] = None) -> str:

@@ -7,13 +7,19 @@ Per step, every host link carries (each direction, full duplex):
   PS, P shards over the hosts     each host pushes the union of its ranks' rows and every rank
                                   pulls its distinct rows; a host serving s of the P shards
                                   receives/sends s/P of every other host's share (fan-in)
-The busiest link sets the network time; round trips add latency; each graph run a server
-handles costs a fixed overhead; compute is the measured single-device time. A step also takes
-at least the CPU its rank spends (compute, runtime and more of it per other rank and through
-TF's gRPC master, each PS task it runs on, each byte it receives by allgather), stretched when
-more ranks than cores share a machine (as on an emulated cluster). The CPU and per-message
-constants come from tools.calibrate. Round trips are waited out whichever bound holds: they
-add to both.
+The busiest link sets the network time, for collectives and for PS traffic apart; round trips
+add latency; each graph run a server handles costs a fixed overhead; compute is the measured
+single-device CPU time. A step also takes at least the CPU its rank spends (compute, runtime
+and more of it per other rank and through TF's gRPC master, each PS task it runs on, each byte
+its host receives), stretched when more ranks than cores share a machine (as on an
+emulated cluster). The CPU and per-message constants come from tools.calibrate.
+
+How the parts add up: PS transfers are each rank's own and overlap with its CPU work (and
+with other ranks'), so they sit inside max(CPU bound, compute + PS network + server). A
+collective is a barrier: every rank waits for it with nothing left to compute, so its link
+time adds to the step, as round trips do (a CPU-bound rank still waits them out). Measured on
+the rig (1 Gbit and 100 Mbit, lm and cnn, 2-8 hosts) this cut the mean error from 22% (all
+overlapped) to 14%.
 """
 from __future__ import annotations
 
@@ -40,14 +46,14 @@ class Cluster:
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
     # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
     # per other rank, through TF's gRPC master (plans with PS variables), per PS task its graph
-    # runs a partition on and per byte it receives by allgather: a step takes at least that
+    # runs a partition on and per byte its host receives: a step takes at least that
     # CPU, times ranks / cores when ranks share cores. All these constants come from
     # tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
     task_cpu_s: float = _DEFAULTS.task_cpu_s
     peer_cpu_s: float = _DEFAULTS.peer_cpu_s
     master_cpu_s: float = _DEFAULTS.master_cpu_s
-    gather_cpu_s_per_byte: float = _DEFAULTS.gather_cpu_s_per_byte
+    received_cpu_s_per_byte: float = _DEFAULTS.received_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
 
     @classmethod
@@ -63,7 +69,7 @@ class Cluster:
 
     @property
     def runtime_cpu(self) -> float:
-        """A rank's CPU per step besides compute, PS tasks and allgathers."""
+        """A rank's CPU per step besides compute, PS tasks and collective bytes."""
         return self.runtime_cpu_s + self.peer_cpu_s * (self.ranks - 1)
 
     @property
@@ -94,16 +100,18 @@ class Choice:
 @dataclasses.dataclass
 class Prediction:
     compute_s: float
-    network_s: float
+    network_s: float              # point-to-point (PS) transfers on the busiest link
     latency_s: float
     server_s: float
-    cpu_bound_s: float = 0.0      # when ranks share too few cores: their CPU work / the cores
+    cpu_bound_s: float = 0.0      # a rank's CPU work, on its share of the cores
+    collective_s: float = 0.0     # AllReduce and allgather on the busiest link
 
     @property
     def step_s(self) -> float:
-        # A rank bound by its CPU still waits out every round trip of the step, and its CPU (its
-        # host's share of the cores, on the rig) idles meanwhile: latency adds to both bounds.
-        return max(self.compute_s + self.network_s + self.server_s, self.cpu_bound_s) + self.latency_s
+        # Collectives and round trips are waited out by every rank with its CPU (its host's
+        # share of the cores, on the rig) idle: they add to both bounds (see the module doc).
+        return max(self.compute_s + self.network_s + self.server_s, self.cpu_bound_s) + self.collective_s \
+            + self.latency_s
 
 
 def parse_rate(rate: str) -> float:
@@ -162,27 +170,41 @@ def allgathered_bytes(load: Load) -> int:
     return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
 
 
-def received_by_allgather(loads: List[Load], choices: Dict[str, Choice], ranks: int) -> int:
-    """Bytes one rank receives per step by allgather: every other rank's share of each sparse
-    gradient the plan allgathers."""
-    return sum((ranks - 1) * allgathered_bytes(load) for load in loads
-               if choices[load.name].route == ROUTE_ALLREDUCE and load.gradient == "sparse")
+def received_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
+    """Bytes a rank receives per step, the mean over ranks: by ring AllReduce, by allgather,
+    pulled from a PS or pushed to the PS its host serves. Each costs CPU (gloo's and gRPC's
+    copies, sums, (de)serialisation). The mean, as the calibration measures a rank's CPU: a
+    host serving a hot shard spends more."""
+    received = 0.0
+    for load in loads:
+        received += sum(host_traffic(load, choices[load.name], cluster)[1])
+    return received / cluster.ranks
+
+
+def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
+    """Whether a rank's step goes through TF's gRPC master: it does when a PS holds a variable
+    that trains (the others run in a session of the rank's own process)."""
+    return any(choices[l.name].route == ROUTE_PS and l.gradient != "none" for l in loads)
 
 
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
-    tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
+    # (tx, rx) per host, for collectives and for PS traffic apart
+    traffic = {route: ([0.0] * H, [0.0] * H) for route in (ROUTE_ALLREDUCE, ROUTE_PS)}
+    messages = [0] * H
     has_ps = has_ar = has_allgather = False
     for load in loads:
         choice = choices[load.name]
         t, r, m = host_traffic(load, choice, cluster)
-        tx = [a + b for a, b in zip(tx, t)]
-        rx = [a + b for a, b in zip(rx, r)]
+        kind = ROUTE_ALLREDUCE if choice.route == ROUTE_ALLREDUCE else ROUTE_PS   # host_traffic's two cases
+        tx, rx = traffic[kind]
+        traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
         messages = [max(a, b) for a, b in zip(messages, m)]
         has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
         has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient == "dense"
         has_allgather |= choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse"
-    network = max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
+    network, collective = (max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
+                           for tx, rx in (traffic[ROUTE_PS], traffic[ROUTE_ALLREDUCE]))
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
     latency = 0.0
     if N > 1 and has_ar and H > 1:
@@ -196,12 +218,12 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.gather_cpu_s_per_byte * received_by_allgather(loads, choices, N) \
-        + (cluster.master_cpu_s if has_ps else 0.0)
+        + cluster.received_cpu_s_per_byte * received_bytes(loads, choices, cluster) \
+        + (cluster.master_cpu_s if runs_through_master(loads, choices) else 0.0)
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
-                      cpu_bound_s=cpu_bound)
+                      cpu_bound_s=cpu_bound, collective_s=collective)
 
 
 def _ps_tasks(loads, choices, cluster) -> int:
@@ -220,7 +242,14 @@ def _ps_tasks(loads, choices, cluster) -> int:
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:
+    """AllReduce, or for a sparse variable the PS in a few shard counts. A dense one stays on
+    AllReduce (the Parallax rule): the ring moves the fewest bytes there is, 2(N-1)/N of it,
+    where a PS adds a hot server (its 1 shard; the planner partitions only sparse variables).
+    Measured on the rig, cnn at 1 Gbit with its dense weights on the PS: 0.69x hybrid on 2
+    hosts, 0.38x on 8, its CPU per rank 1.6-2.4x, its pulls not hidden behind other work."""
     options = [Choice(ROUTE_ALLREDUCE)]
+    if load.gradient != "sparse":
+        return options
     for shards in sorted({1, cluster.hosts, 2 * cluster.hosts, 4 * cluster.hosts}):
         if shards <= max(1, load.rows):
             options.append(Choice(ROUTE_PS, shards))
@@ -266,13 +295,12 @@ def choose(loads: List[Load], cluster: Cluster, compute_s: float,
         return choices
 
     # one variable at a time cannot see a cost shared by several (a PS task stays in every
-    # step while any variable uses it), so the descent also starts from every variable on one
-    # route; the Parallax rule wins ties
+    # step while any variable uses it), so the descent also starts from every sparse variable
+    # in 1 shard and from every variable on AllReduce; the Parallax rule wins ties
     starts = [{l.name: parallax(l) for l in loads},
               {l.name: dataclasses.replace(parallax(l), partitions=1) for l in loads}]
     if routes is None:
-        starts += [{l.name: Choice(ROUTE_ALLREDUCE) for l in loads},
-                   {l.name: Choice(ROUTE_PS, 1) if l.gradient != "none" else Choice(ROUTE_ALLREDUCE) for l in loads}]
+        starts.append({l.name: Choice(ROUTE_ALLREDUCE) for l in loads})
     results = [descend(start) for start in starts]
     steps = [predict(loads, r, cluster, compute_s).step_s for r in results]
     return next(r for r, s in zip(results, steps) if s <= min(steps) * (1 + CHOICE_MARGIN))
@@ -313,37 +341,44 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     """Step time of Stanza with `fc_nodes` FC nodes (one rank per host): conv nodes compute the
     extractor, each FC node receives its group's activations on its own link, computes the
     head for the group and returns the gradients; conv nodes then AllReduce the extractor
-    (FC nodes the head's gradient meanwhile). Micro-batches pipeline the transfers with the
-    FC compute: the longest stage is paid once, the others 1/M."""
+    (FC nodes the head's gradient meanwhile). Every transfer is a collective the nodes wait
+    for, so the chain adds up as predict()'s collectives do: the conv node's CPU work, then
+    the activations there, the FC node's CPU work, the gradients back, the AllReduce.
+    Micro-batches pipeline the middle three: the longest is paid once, the others 1/M."""
     conv = cluster.ranks - fc_nodes
     group = -(-conv // fc_nodes)
     conv_compute = max(compute_s - split.head_compute_s, 0.0)
-    fc_compute = split.head_compute_s * group
-    to_fc = group * split.batch * (split.activation_bytes + split.data_bytes) / cluster.bandwidth_bytes_per_s
-    to_conv = group * split.batch * split.activation_bytes / cluster.bandwidth_bytes_per_s
-    stages = [to_fc, fc_compute, to_conv]
-    pipeline = max(stages) + (sum(stages) - max(stages)) / microbatches
+    up = split.batch * (split.activation_bytes + split.data_bytes)       # per conv node, each way
+    down = split.batch * split.activation_bytes
     extractor = [l for l in loads if l.name not in split.head]
     head = [l for l in loads if l.name in split.head]
+    all_reduced = {l.name: Choice(ROUTE_ALLREDUCE) for l in loads}
 
     def allreduce(among: List[Load], hosts: int) -> float:
         if hosts < 2:
             return 0.0
         part = dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1, cores=None)
-        got = predict(among, {l.name: Choice(ROUTE_ALLREDUCE) for l in among}, part, 0.0)
-        return got.network_s + got.latency_s
+        got = predict(among, all_reduced, part, 0.0)
+        return got.network_s + got.collective_s + got.latency_s
 
+    # each node's CPU per step as predict() counts it (compute, runtime, bytes it receives by
+    # collectives), on its host's share of the cores
+    def ring(among: List[Load], hosts: int) -> float:
+        return received_bytes(among, all_reduced, dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1))
+
+    per_byte, turns = cluster.received_cpu_s_per_byte, cluster.cpu_turns
+    conv_cpu = conv_compute + cluster.runtime_cpu + per_byte * (down + ring(extractor, conv))
+    fc_cpu = split.head_compute_s * group + cluster.runtime_cpu + per_byte * (group * up + ring(head, fc_nodes))
+    stages = [group * up / cluster.bandwidth_bytes_per_s, fc_cpu * turns, group * down / cluster.bandwidth_bytes_per_s]
+    pipeline = max(stages) + (sum(stages) - max(stages)) / microbatches
     conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)
     # the FC nodes' AllReduce overlaps the conv nodes' backward (~2/3 of their compute) and theirs
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
-    # as predict(): at least each node's own CPU work, on its share of the cores when ranks share
-    # them (each host its own share, as the rig's quotas give: the FC node's is the busiest)
-    cpu_bound = (max(conv_compute, fc_compute) + cluster.runtime_cpu) * cluster.cpu_turns
     # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
     # round besides the links' delay
     rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)
-    return Prediction(compute_s=conv_compute, network_s=pipeline + tail, latency_s=rounds, server_s=0.0,
-                      cpu_bound_s=cpu_bound)
+    return Prediction(compute_s=conv_compute, network_s=0.0, latency_s=rounds, server_s=0.0,
+                      cpu_bound_s=conv_cpu * turns, collective_s=pipeline + tail)
 
 
 STANZA_MARGIN = 0.95    # auto switches to stanza only when predicted at least 5% faster per batch

@@ -19,7 +19,9 @@ CONSTANTS = calibration.REQUIRED + calibration.LATER
 
 def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     path = os.path.join(tempfile.mkdtemp(), "calibration.json")
-    proc = _run(["tools.calibrate", "--model=mlp", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
+    # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
+    # separate the terms; with 8 ids both move the same bytes)
+    proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
                  "--cal_round_trips=50", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
@@ -32,24 +34,34 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
         "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0),
         "allreduce_on_2": (2, 0)}
-    gathered = {name: run.get("gathered_bytes") for name, run in runs.items()}
-    assert gathered["allreduce"] == 2 * gathered["allreduce_on_2"] > 0 and gathered["hybrid_1"] == 0
+    received = {name: run.get("received_bytes") for name, run in runs.items()}
+    # a host receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
+    # the table by allgather, or (hybrid) its pulled rows and the pushes its PS serves
+    dense = sum(v.bytes for v in capture(*_mlp(), RunContext(), seed=0).variables if v.gradient == "dense")
+    assert received["allreduce"] - 4 / 3 * dense == pytest.approx(2 * (received["allreduce_on_2"] - dense))
+    assert received["allreduce_on_2"] > dense > 0
+    assert received["hybrid_1"] > 4 / 3 * dense and received["hybrid_1_on_2"] > dense
     assert all(seconds > 0 for seconds in cpu.values())
     fit = data["measured"]["cpu"]["fit"]            # the file keeps the raw fit; the constants floor it at 0
     assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
     beyond = {name: seconds - cpu["single"] for name, seconds in cpu.items()}
-    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + gather bytes
+    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + collective bytes
     for name, ranks, master, tasks in [("hybrid_1", 3, 1, 1), ("hybrid_3", 3, 1, 3), ("hybrid_1_on_2", 2, 1, 1),
                                        ("allreduce", 3, 0, 0), ("allreduce_on_2", 2, 0, 0)]:
         assert beyond[name] == pytest.approx(
             fit["runtime_cpu_s"] + fit["peer_cpu_s"] * (ranks - 1) + fit["master_cpu_s"] * master
-            + fit["task_cpu_s"] * tasks + fit["gather_cpu_s_per_byte"] * (gathered[name] or 0), abs=1e-9), name
+            + fit["task_cpu_s"] * tasks + fit["received_cpu_s_per_byte"] * received[name], abs=1e-9), name
 
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
     from parallax_tf import api, flags
     cluster = api.cost_cluster(flags.resolve(calibration=path), hosts=2, ranks_per_host=1)
     assert {k: getattr(cluster, k) for k in CONSTANTS} == got.constants() and cluster.calibration == path
+
+
+def _mlp():
+    from models import mlp
+    return mlp.make_model_fn(), mlp.make_input_fn()
 
 
 def _write(constants: dict) -> str:
@@ -83,8 +95,11 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     monkeypatch.setenv("PARALLAX_CALIBRATION", os.path.join(tempfile.mkdtemp(), "absent.json"))
     assert calibration.load().constants() == calibration.Calibration().constants()
     assert "no calibration file" in calibration.load().source
-    # a file from before the per-rank, master and allgather terms: those are 0, the rest is read
+    # a file from before the per-rank, master and collective-byte terms: those are 0, the rest is
+    # read (its allgather-only byte term, of one earlier format, is not the collective one)
     older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
+    older_with_gather = {**older, "gather_cpu_s_per_byte": 1e-9}
+    assert calibration.load(_write(older_with_gather)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
     assert calibration.load(_write(older)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
     bad = _write({"runtime_cpu_s": 0.01})
     with pytest.raises(ConfigError, match=f"calibration file {bad} is unreadable.*tools.calibrate"):
@@ -94,7 +109,7 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
         calibration.load(negative)
 
 
-def test_cpu_terms_per_other_rank_master_and_allgathered_byte_and_auto_follows():
+def test_cpu_terms_per_other_rank_master_and_collective_byte_and_auto_follows():
     """The calibrated terms enter a rank's CPU per step exactly (the gRPC master's only with PS
     variables); an allgather whose bytes cost more CPU than the PS tasks that would replace it
     sends auto's sparse tables to the PS."""
@@ -105,7 +120,9 @@ def test_cpu_terms_per_other_rank_master_and_allgathered_byte_and_auto_follows()
     cluster = costmodel.Cluster(4, 1, link, cores=2, runtime_cpu_s=0.004, task_cpu_s=0.002)
     gathered_all = {l.name: costmodel.Choice("allreduce") for l in loads}
     sparse = [l for l in loads if l.gradient == "sparse"]
-    received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse)       # from 3 other ranks
+    # from 3 other ranks by allgather, 2(N-1)/N of each dense gradient by ring AllReduce
+    received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse) \
+        + sum(2 * 3 / 4 * l.bytes for l in loads if l.gradient == "dense")
 
     def cpu_bound(**terms):
         return costmodel.predict(loads, gathered_all, dataclasses.replace(cluster, **terms), 0.001).cpu_bound_s
@@ -116,10 +133,10 @@ def test_cpu_terms_per_other_rank_master_and_allgathered_byte_and_auto_follows()
     with_master = costmodel.predict(loads, on_ps, dataclasses.replace(cluster, master_cpu_s=0.001), 0.001)
     assert with_master.cpu_bound_s - costmodel.predict(loads, on_ps, cluster, 0.001).cpu_bound_s == \
         pytest.approx(0.001 * turns)
-    assert cpu_bound(gather_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
+    assert cpu_bound(received_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
 
     def routes(gather_cost):
-        chosen = costmodel.choose(loads, dataclasses.replace(cluster, gather_cpu_s_per_byte=gather_cost), 0.001)
+        chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost), 0.001)
         return {l.name: chosen[l.name].route for l in sparse}
     assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task
     costly = routes(5e-8)          # ~8 ms of CPU for each large table's allgather does not

@@ -11,15 +11,15 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
                        hosts with every table in 1 shard and in --cal_hosts shards
   peer_cpu_s           CPU per step per other rank: hybrid in 1 shard on --cal_few_hosts
                        and on --cal_hosts
-  gather_cpu_s_per_byte  per byte a rank receives by allgather: --strategy=allreduce (every
-                       sparse gradient allgathered) on both host counts, beyond the per-rank term
-  runtime_cpu_s        CPU one rank spends per step besides its model's compute: the allreduce
-                       run on --cal_few_hosts, less the terms above
+  received_cpu_s_per_byte  per byte a rank's host receives (AllReduce, allgather, PS pulls
+                       and the pushes it serves): --strategy=allreduce (every sparse gradient
+                       allgathered) on both host counts
+  runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
-                       variables; the others run in a session of their own process): the
-                       hybrid run on --cal_few_hosts, less the terms above
+                       variables; the others run in a session of their own process)
 Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
-(PS plans) + task x (PS tasks its step runs on) + gather x (bytes it receives by allgather).
+(PS plans) + task x (PS tasks its step runs on) + received x (bytes its host receives,
+costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 from absl import app, flags
 
 from parallax_tf import calibration as calibration_lib
@@ -94,6 +95,14 @@ def measure_round_trips(count: int) -> dict:
         server.wait(timeout=30)
 
 
+FITTED = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "received_cpu_s_per_byte")
+
+
+def equation_terms(run: dict) -> list:
+    """What multiplies each of FITTED in a run's equation."""
+    return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"]]
+
+
 def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
     """The CPU constants (see the module's doc) from a single-process run, three hybrid runs and
     two allreduce runs."""
@@ -121,7 +130,8 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
             raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
         runs[name] = {"hosts": on_hosts, "partitions": shards,
                       "ps_tasks": costmodel._ps_tasks(loads, choices, costmodel.Cluster(on_hosts)),
-                      "gathered_bytes": costmodel.received_by_allgather(loads, choices, on_hosts),
+                      "master": int(costmodel.runs_through_master(loads, choices)),
+                      "received_bytes": costmodel.received_bytes(loads, choices, costmodel.Cluster(on_hosts)),
                       "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
                       "step_s": got["step_s"]}
         return runs[name]
@@ -131,19 +141,16 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
     gathering, gathering_few = run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce",
                                                                         few_hosts)
 
-    def beyond(r: dict) -> float:
-        return r["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"]
-    tasks = spread["ps_tasks"] - one_shard["ps_tasks"]
-    task = (beyond(spread) - beyond(one_shard)) / tasks if tasks else 0.0
-    peer = (beyond(one_shard) - beyond(one_shard_few) - task * (one_shard["ps_tasks"] - one_shard_few["ps_tasks"])) \
-        / (hosts - few_hosts)
-    more_gathered = gathering["gathered_bytes"] - gathering_few["gathered_bytes"]
-    gather = (beyond(gathering) - beyond(gathering_few) - peer * (hosts - few_hosts)) / more_gathered \
-        if more_gathered else 0.0
-    runtime = beyond(gathering_few) - peer * (few_hosts - 1) - gather * gathering_few["gathered_bytes"]
-    master = beyond(one_shard_few) - runtime - peer * (few_hosts - 1) - task * one_shard_few["ps_tasks"]
-    fit = {"runtime_cpu_s": runtime, "peer_cpu_s": peer, "master_cpu_s": master, "task_cpu_s": task,
-           "gather_cpu_s_per_byte": gather}
+    # one equation per run (module doc), as many runs as unknowns: solved exactly
+    measured = [one_shard, spread, one_shard_few, gathering, gathering_few]
+    terms = [equation_terms(r) for r in measured]
+    beyond = [r["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"] for r in measured]
+    try:
+        fit = dict(zip(FITTED, (float(x) for x in np.linalg.solve(np.array(terms), np.array(beyond)))))
+    except np.linalg.LinAlgError:
+        raise SystemExit(f"tools.calibrate: the runs on {few_hosts} and {hosts} hosts do not separate the CPU "
+                         "terms (two of them move the same bytes, or the model has no dense or no sparse gradient); "
+                         "calibrate with --model=lm") from None
     # noise can make a difference negative; the model needs costs, so they are floored at 0
     # and the raw figures stay in the file
     return {**{k: max(0.0, v) for k, v in fit.items()}, "fit": fit, "runs": runs, "model": model,
@@ -157,14 +164,13 @@ def main(argv):
     cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_few_hosts, FLAGS.cal_bandwidth,
                               FLAGS.steps, FLAGS.warmup)
     for name, run in cpu["runs"].items():
-        where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['gathered_bytes']:,} B allgathered" \
+        where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['received_bytes']:,.0f} B received" \
             if "hosts" in run else ""
         print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{where}", flush=True)
-    fitted = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "gather_cpu_s_per_byte")
     got = calibration_lib.Calibration(
-        **{k: cpu[k] for k in fitted},
+        **{k: cpu[k] for k in FITTED},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
-        measured={"round_trips": trips, "cpu": {k: v for k, v in cpu.items() if k not in fitted},
+        measured={"round_trips": trips, "cpu": {k: v for k, v in cpu.items() if k not in FITTED},
                   "cores": os.cpu_count(), "host": socket.gethostname(), "unix_time": time.time()})
     where = calibration_lib.save(got, FLAGS.calibration)
     print(f"wrote {where}: " + json.dumps({k: float(f"{v:.4g}") for k, v in got.constants().items()}), flush=True)

@@ -57,14 +57,15 @@ def main(argv):
                 case = {"strategy": strategy, "hosts": hosts, "bandwidth": bandwidth,
                         "predicted_ms": predicted.step_s * 1000, "measured_ms": measured["step_s"] * 1000,
                         "error": error, "compute_ms": predicted.compute_s * 1000,
-                        "network_ms": predicted.network_s * 1000, "latency_ms": predicted.latency_s * 1000,
+                        "network_ms": predicted.network_s * 1000, "collective_ms": predicted.collective_s * 1000,
+                        "latency_ms": predicted.latency_s * 1000,
                         "server_ms": predicted.server_s * 1000, "cpu_bound_ms": predicted.cpu_bound_s * 1000,
                         "cpu_ms_per_rank": (measured.get("cpu_s_per_step_per_rank") or 0) * 1000}
                 cases.append(case)
                 print(f"{strategy:>8} {hosts:>2} hosts {bandwidth:>7}: predicted {case['predicted_ms']:7.1f}ms "
-                      f"(compute {case['compute_ms']:.1f} + network {case['network_ms']:.1f} + latency "
-                      f"{case['latency_ms']:.1f} + servers {case['server_ms']:.1f}; CPU bound "
-                      f"{case['cpu_bound_ms']:.1f}), measured "
+                      f"(max(compute {case['compute_ms']:.1f} + PS network {case['network_ms']:.1f} + servers "
+                      f"{case['server_ms']:.1f}, CPU bound {case['cpu_bound_ms']:.1f}) + collectives "
+                      f"{case['collective_ms']:.1f} + latency {case['latency_ms']:.1f}), measured "
                       f"{case['measured_ms']:7.1f}ms, error {error * 100:+.0f}%; CPU per rank per step "
                       f"{case['cpu_ms_per_rank']:.1f}ms x {hosts} ranks on {cores} cores", flush=True)
     if FLAGS.val_json:
