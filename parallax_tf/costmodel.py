@@ -11,15 +11,15 @@ The busiest link sets the network time, for collectives and for PS traffic apart
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
 single-device CPU time. A step also takes at least the CPU its rank spends (compute, runtime
 and more of it per other rank and through TF's gRPC master, each PS task it runs on, each byte
-its host receives), stretched when more ranks than cores share a machine (as on an
+it receives by any route), stretched when more ranks than cores share a machine (as on an
 emulated cluster). The CPU and per-message constants come from tools.calibrate.
 
 How the parts add up: PS transfers are each rank's own and overlap with its CPU work (and
 with other ranks'), so they sit inside max(CPU bound, compute + PS network + server). A
 collective is a barrier: every rank waits for it with nothing left to compute, so its link
-time adds to the step, as round trips do (a CPU-bound rank still waits them out). Measured on
-the rig (1 Gbit and 100 Mbit, lm and cnn, 2-8 hosts) this cut the mean error from 22% (all
-overlapped) to 14%.
+time adds to the step, as round trips do (a CPU-bound rank still waits them out). On 39 runs
+of the rig's sweep (1 Gbit and 100 Mbit, lm and cnn, 2-8 hosts) this cut the mean error from
+22% (all overlapped) to 14%.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Cluster:
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
     # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
     # per other rank, through TF's gRPC master (plans with PS variables), per PS task its graph
-    # runs a partition on and per byte its host receives: a step takes at least that
+    # runs a partition on and per byte it receives: a step takes at least that
     # CPU, times ranks / cores when ranks share cores. All these constants come from
     # tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
@@ -69,7 +69,7 @@ class Cluster:
 
     @property
     def runtime_cpu(self) -> float:
-        """A rank's CPU per step besides compute, PS tasks and collective bytes."""
+        """A rank's CPU per step besides compute, PS tasks and the bytes it receives."""
         return self.runtime_cpu_s + self.peer_cpu_s * (self.ranks - 1)
 
     @property
@@ -361,11 +361,11 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
         got = predict(among, all_reduced, part, 0.0)
         return got.network_s + got.collective_s + got.latency_s
 
-    # each node's CPU per step as predict() counts it (compute, runtime, bytes it receives by
-    # collectives), on its host's share of the cores
     def ring(among: List[Load], hosts: int) -> float:
         return received_bytes(among, all_reduced, dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1))
 
+    # each node's CPU per step as predict() counts it (compute, runtime, bytes it receives), on
+    # its host's share of the cores
     per_byte, turns = cluster.received_cpu_s_per_byte, cluster.cpu_turns
     conv_cpu = conv_compute + cluster.runtime_cpu + per_byte * (down + ring(extractor, conv))
     fc_cpu = split.head_compute_s * group + cluster.runtime_cpu + per_byte * (group * up + ring(head, fc_nodes))
