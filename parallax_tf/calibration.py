@@ -25,7 +25,7 @@ class Calibration:
     peer_cpu_s: float = 0.0
     master_cpu_s: float = 0.0
     task_cpu_s: float = 0.0036
-    # per byte a rank's host receives, by collectives or PS (copied, summed, deserialised)
+    # per byte a rank receives, by collectives or PS (copied, summed, deserialised)
     received_cpu_s_per_byte: float = 0.0
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
@@ -38,8 +38,8 @@ class Calibration:
 
 
 REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
-# files written before these existed lack them: 0 (those of before 2026-11-25 have
-# gather_cpu_s_per_byte, for allgathers alone, which is ignored: calibrate again)
+# files written before these existed lack them: 0 (some have gather_cpu_s_per_byte, an
+# allgather-only term that is ignored: calibrate again)
 LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte")
 
 

@@ -45,7 +45,7 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     fit = data["measured"]["cpu"]["fit"]            # the file keeps the raw fit; the constants floor it at 0
     assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
     beyond = {name: seconds - cpu["single"] for name, seconds in cpu.items()}
-    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + collective bytes
+    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + received bytes
     for name, ranks, master, tasks in [("hybrid_1", 3, 1, 1), ("hybrid_3", 3, 1, 3), ("hybrid_1_on_2", 2, 1, 1),
                                        ("allreduce", 3, 0, 0), ("allreduce_on_2", 2, 0, 0)]:
         assert beyond[name] == pytest.approx(
@@ -95,8 +95,8 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     monkeypatch.setenv("PARALLAX_CALIBRATION", os.path.join(tempfile.mkdtemp(), "absent.json"))
     assert calibration.load().constants() == calibration.Calibration().constants()
     assert "no calibration file" in calibration.load().source
-    # a file from before the per-rank, master and collective-byte terms: those are 0, the rest is
-    # read (its allgather-only byte term, of one earlier format, is not the collective one)
+    # a file from before the per-rank, master and received-byte terms: those are 0, the rest is
+    # read (the allgather-only byte term of one earlier format is not the received one)
     older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
     older_with_gather = {**older, "gather_cpu_s_per_byte": 1e-9}
     assert calibration.load(_write(older_with_gather)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
@@ -109,7 +109,7 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
         calibration.load(negative)
 
 
-def test_cpu_terms_per_other_rank_master_and_collective_byte_and_auto_follows():
+def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     """The calibrated terms enter a rank's CPU per step exactly (the gRPC master's only with PS
     variables); an allgather whose bytes cost more CPU than the PS tasks that would replace it
     sends auto's sparse tables to the PS."""
