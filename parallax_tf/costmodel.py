@@ -170,15 +170,32 @@ def allgathered_bytes(load: Load) -> int:
     return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
 
 
+def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> Tuple[Dict[str, tuple], List[int]]:
+    """(tx, rx) per host for collectives (ROUTE_ALLREDUCE) and PS traffic (ROUTE_PS) apart, and
+    the graph runs each server host handles, summed over the variables."""
+    H = cluster.hosts
+    traffic = {route: ([0.0] * H, [0.0] * H) for route in (ROUTE_ALLREDUCE, ROUTE_PS)}
+    messages = [0] * H
+    for load in loads:
+        choice = choices[load.name]
+        t, r, m = host_traffic(load, choice, cluster)
+        kind = ROUTE_ALLREDUCE if choice.route == ROUTE_ALLREDUCE else ROUTE_PS   # host_traffic's two cases
+        tx, rx = traffic[kind]
+        traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
+        messages = [max(a, b) for a, b in zip(messages, m)]
+    return traffic, messages
+
+
+def _mean_received(traffic: Dict[str, tuple], cluster: Cluster) -> float:
+    return sum(sum(rx) for _, rx in traffic.values()) / cluster.ranks
+
+
 def received_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
     """Bytes a rank receives per step, the mean over ranks: by ring AllReduce, by allgather,
     pulled from a PS or pushed to the PS its host serves. Each costs CPU (gloo's and gRPC's
     copies, sums, (de)serialisation). The mean, as the calibration measures a rank's CPU: a
     host serving a hot shard spends more."""
-    received = 0.0
-    for load in loads:
-        received += sum(host_traffic(load, choices[load.name], cluster)[1])
-    return received / cluster.ranks
+    return _mean_received(_traffic(loads, choices, cluster)[0], cluster)
 
 
 def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
@@ -189,20 +206,10 @@ def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
 
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
-    # (tx, rx) per host, for collectives and for PS traffic apart
-    traffic = {route: ([0.0] * H, [0.0] * H) for route in (ROUTE_ALLREDUCE, ROUTE_PS)}
-    messages = [0] * H
-    has_ps = has_ar = has_allgather = False
-    for load in loads:
-        choice = choices[load.name]
-        t, r, m = host_traffic(load, choice, cluster)
-        kind = ROUTE_ALLREDUCE if choice.route == ROUTE_ALLREDUCE else ROUTE_PS   # host_traffic's two cases
-        tx, rx = traffic[kind]
-        traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
-        messages = [max(a, b) for a, b in zip(messages, m)]
-        has_ps |= choice.route == ROUTE_PS and load.gradient != "none"
-        has_ar |= choice.route == ROUTE_ALLREDUCE and load.gradient == "dense"
-        has_allgather |= choice.route == ROUTE_ALLREDUCE and load.gradient == "sparse"
+    traffic, messages = _traffic(loads, choices, cluster)
+    has_ps = runs_through_master(loads, choices)
+    has_ar = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "dense" for l in loads)
+    has_allgather = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse" for l in loads)
     network, collective = (max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
                            for tx, rx in (traffic[ROUTE_PS], traffic[ROUTE_ALLREDUCE]))
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
@@ -218,8 +225,8 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.received_cpu_s_per_byte * received_bytes(loads, choices, cluster) \
-        + (cluster.master_cpu_s if runs_through_master(loads, choices) else 0.0)
+        + cluster.received_cpu_s_per_byte * _mean_received(traffic, cluster) \
+        + (cluster.master_cpu_s if has_ps else 0.0)
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,

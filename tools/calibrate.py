@@ -128,10 +128,11 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
                                  extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
         if "error" in got:
             raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
+        cluster = costmodel.Cluster(on_hosts)
         runs[name] = {"hosts": on_hosts, "partitions": shards,
-                      "ps_tasks": costmodel._ps_tasks(loads, choices, costmodel.Cluster(on_hosts)),
+                      "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
                       "master": int(costmodel.runs_through_master(loads, choices)),
-                      "received_bytes": costmodel.received_bytes(loads, choices, costmodel.Cluster(on_hosts)),
+                      "received_bytes": costmodel.received_bytes(loads, choices, cluster),
                       "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
                       "step_s": got["step_s"]}
         return runs[name]
