@@ -58,3 +58,33 @@ def test_sigkill_one_rank(victim):
     want = reference.train_single_device("mixed", "adagrad", SIZE, steps=15)
     for name, value in want.items():
         assert reference.relative_error(result[f"var:{name}"], value) <= 1e-5, name
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_and_its_caller():
+    """tools.bench runs strategies one after another through the launcher: a SIGTERM must stop
+    the ranks it started and the caller, not only the launcher's own process."""
+    marks = tempfile.mkdtemp(prefix="ptf-sigterm-")
+    rank = ("import os, time; open(os.path.join(%r, 'rank' + os.environ['HOROVOD_RANK']), 'w')"
+            ".write(str(os.getpid())); time.sleep(600)" % marks)
+    caller = ("import sys; from parallax_tf.runtime import launcher; "
+              "launcher.main(['--np', '2', '--', sys.executable, '-c', %r]); "
+              "print('the caller went on')" % rank)
+    proc = subprocess.Popen([launch.PYTHON, "-c", caller], cwd=launch.ROOT, env=dict(os.environ, PYTHONPATH=launch.ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while len(os.listdir(marks)) < 2 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        pids = [int(open(os.path.join(marks, f)).read()) for f in sorted(os.listdir(marks))]
+        assert len(pids) == 2, f"the ranks did not start: {proc.poll()}"
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 143, err
+    assert "stopped every rank on SIGTERM or SIGINT" in err
+    assert "the caller went on" not in out
+    time.sleep(1)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid

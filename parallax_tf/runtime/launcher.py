@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -58,6 +59,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
                                      elastic=False, prefix_output_with_timestamp=False)
     stop_all = threading.Event()
+    signalled = threading.Event()     # Horovod's own event: a SIGINT or SIGTERM to this process
     failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
     lock = threading.Lock()
     timer = None
@@ -79,6 +81,8 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         if code == 0:
             return 0, 0.0
         if any(event.is_set() for event in events):      # stopped by us or by a signal to us
+            if not stop_all.is_set():
+                signalled.set()
             with lock:
                 failures.append(code)
             return 0, 0.0
@@ -94,13 +98,23 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         stop_all.set()
         return 0, 0.0
 
+    # Horovod's launch_gloo turns SIGINT and SIGTERM into an event that stops the ranks and
+    # leaves its handler behind: the caller (tools.bench's next strategy) would go on and ignore
+    # the next SIGTERM. The caller's handlers come back, and a signal ends the caller too.
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # exec_rank reports every rank as finished: the statuses that matter are in `failures`
         gloo_run.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip)
     finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if timer:
             timer.cancel()
         shutil.rmtree(job_dir, ignore_errors=True)
+    if signalled.is_set():
+        print("parallax_tf launcher: stopped every rank on SIGTERM or SIGINT", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
     return failures[0] if failures else 0
 
 
