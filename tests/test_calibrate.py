@@ -22,7 +22,7 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
     # separate the terms; with 8 ids both move the same bytes)
     proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
-                 "--cal_round_trips=50", f"--calibration={path}"])
+                 "--cal_round_trips=50", "--cal_repeats=2", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
     data = json.load(open(path))
@@ -30,6 +30,9 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert 1e-5 < data["rpc_overhead_s"] < 0.5 and data["message_overhead_s"] < 0.5
     runs = data["measured"]["cpu"]["runs"]
     cpu = {name: run["cpu_s_per_step"] for name, run in runs.items()}
+    # every run made twice; its mean enters the fit
+    assert all(len(run["cpu_s_per_step_each"]) == 2 and run["cpu_s_per_step"] == pytest.approx(
+        sum(run["cpu_s_per_step_each"]) / 2) for run in runs.values()), runs
     # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1
     assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
         "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0),

@@ -20,6 +20,8 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks its step runs on) + received x (bytes its host receives,
 costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
+Every run is made --cal_repeats times and its mean CPU taken (20-step runs of one plan differ by
+10-20% here; an exact solve passes that on to the constants, magnified).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard h
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
 flags.DEFINE_string("cal_bandwidth", "1gbit", "Their link rate (fast: the runs measure CPU, not links).")
 flags.DEFINE_integer("cal_round_trips", 300, "PS round trips timed.")
+flags.DEFINE_integer("cal_repeats", 2, "Times each run is made; its mean CPU per step enters the fit.", lower_bound=1)
 FLAGS = flags.FLAGS
 
 PS_SERVER = """
@@ -103,9 +106,10 @@ def equation_terms(run: dict) -> list:
     return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"]]
 
 
-def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int) -> dict:
+def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int,
+                        repeats: int = 1) -> dict:
     """The CPU constants (see the module's doc) from a single-process run, three hybrid runs and
-    two allreduce runs."""
+    two allreduce runs, each made `repeats` times."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
@@ -116,25 +120,32 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
     model_fn, input_fn = model_and_input(model)
     captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
     loads = costmodel.loads_from(captured)
-    single = bench.run_strategy("single", 1, 1, "", "", model, steps, warmup)
-    if "error" in single:
-        raise SystemExit(f"tools.calibrate: the single-process run failed: {single['error']}")
-    runs = {"single": {"cpu_s_per_step": single["cpu_s_per_step_per_rank"], "step_s": single["step_s"]}}
+
+    def repeated(what: str, strategy: str, on_hosts: int, extra_flags=()) -> dict:
+        """CPU per step per rank and step time of `repeats` runs: each run's and their means."""
+        got = []
+        for _ in range(repeats):
+            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", model, steps, warmup,
+                                     extra_flags=extra_flags)
+            if "error" in one:
+                raise SystemExit(f"tools.calibrate: {what} failed: {one['error']}")
+            got.append(one)
+        cpu = [one["cpu_s_per_step_per_rank"] for one in got]
+        return {"cpu_s_per_step": float(np.mean(cpu)), "cpu_s_per_step_each": cpu,
+                "step_s": float(np.mean([one["step_s"] for one in got]))}
+
+    runs = {"single": repeated("the single-process run", "single", 1)}
 
     def run(name: str, strategy: str, on_hosts: int, shards: int = 1) -> dict:
         plan = make_plan(captured, strategy, on_hosts, on_hosts, partitions=shards)
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
-        got = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", model, steps, warmup,
-                                 extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
-        if "error" in got:
-            raise SystemExit(f"tools.calibrate: {strategy} on {on_hosts} hosts ({name}) failed: {got['error']}")
+        got = repeated(f"{strategy} on {on_hosts} hosts ({name})", strategy, on_hosts,
+                       [f"--partitions={shards}"] if strategy == "hybrid" else [])
         cluster = costmodel.Cluster(on_hosts)
         runs[name] = {"hosts": on_hosts, "partitions": shards,
                       "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
                       "master": int(costmodel.runs_through_master(loads, choices)),
-                      "received_bytes": costmodel.received_bytes(loads, choices, cluster),
-                      "cpu_s_per_step": got["cpu_s_per_step_per_rank"],
-                      "step_s": got["step_s"]}
+                      "received_bytes": costmodel.received_bytes(loads, choices, cluster), **got}
         return runs[name]
 
     one_shard, spread = run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
@@ -155,7 +166,7 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
     # noise can make a difference negative; the model needs costs, so they are floored at 0
     # and the raw figures stay in the file
     return {**{k: max(0.0, v) for k, v in fit.items()}, "fit": fit, "runs": runs, "model": model,
-            "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup}
+            "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
 
 def main(argv):
@@ -163,11 +174,12 @@ def main(argv):
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
     cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_few_hosts, FLAGS.cal_bandwidth,
-                              FLAGS.steps, FLAGS.warmup)
+                              FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     for name, run in cpu["runs"].items():
         where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['received_bytes']:,.0f} B received" \
             if "hosts" in run else ""
-        print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank{where}", flush=True)
+        each = " / ".join(f"{cpu_s * 1000:.1f}" for cpu_s in run["cpu_s_per_step_each"])
+        print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank ({each}){where}", flush=True)
     got = calibration_lib.Calibration(
         **{k: cpu[k] for k in FITTED},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
