@@ -43,7 +43,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
-    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose)
+    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose, opts.threads)
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "

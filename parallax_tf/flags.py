@@ -9,6 +9,7 @@ from absl import flags
 
 from parallax_tf.errors import ConfigError
 from parallax_tf.planner import STRATEGIES
+from parallax_tf.runtime import pool_threads
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("strategy", "hybrid", list(STRATEGIES), "How variables are synchronised.")
@@ -41,6 +42,9 @@ flags.DEFINE_string("link_bandwidth", None, "Per-host link rate --strategy=auto 
                     "default: what tools.cluster emulates, else 10gbit).")
 flags.DEFINE_integer("profile_threads_from", -1, "From this step on, count this process's CPU per thread name "
                      "(TF's pools, gRPC's, Horovod's, the Python thread): Result.extras['thread_cpu_s_per_step'].")
+flags.DEFINE_string("threads", "auto", "Threads in each of TensorFlow's pools (inter- and intra-op) per rank: auto "
+                    "(the cores its cgroup quota or CPU affinity allows, shared by the ranks of its host), tf "
+                    "(TensorFlow's own sizing: every core of the machine), or a number.")
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
 flags.DEFINE_string("link_delay", None, "One-way per-link delay --strategy=auto plans for (default: "
                     "what tools.cluster emulates, else 0.05ms).")
@@ -96,6 +100,7 @@ class Options:
     timeline_steps: list
     link_bandwidth: Optional[str]
     link_delay: Optional[str]
+    threads: str
     verbose: bool
     slim_core: float
     slim_explore: float
@@ -157,6 +162,7 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--timeline_steps takes step numbers, got {options.timeline_steps}") from None
     if options.ckpt_every < 0 or options.ckpt_secs < 0 or options.ckpt_keep < 1:
         raise ConfigError("--ckpt_every and --ckpt_secs must be >= 0 and --ckpt_keep >= 1")
+    pool_threads.parse(options.threads)         # a clear error now, not once the cluster is up
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
     if not (0.0 <= options.slim_core <= 1.0 and 0.0 <= options.slim_explore <= 1.0

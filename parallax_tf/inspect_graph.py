@@ -16,6 +16,7 @@ import tensorflow as tf
 from parallax_tf import pipeline_cut, training_graph
 from parallax_tf.errors import InputError, ModelError
 from parallax_tf.model import RunContext
+from parallax_tf.runtime import pool_threads
 from parallax_tf.training_graph import call_model_fn  # noqa: F401  (re-exported for callers)
 
 _CONV_OPS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv1D"}
@@ -124,7 +125,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         rows: Dict[str, tuple] = {}
         compute_s, op_seconds = None, {}
         if evaluate:
-            with tf.compat.v1.Session(graph=graph) as sess:
+            with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(),
                           tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()])
                 values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
@@ -187,7 +188,7 @@ def _time_head(graph, training, head, groups, feeds):
     cut = [graph.get_tensor_by_name(t.name) for t in head.cut]
     grads = [g for g in tf.gradients(training.loss, variables + [t for t, spec in zip(cut, head.cut)
                                                                  if spec.kind != "data"]) if g is not None]
-    with tf.compat.v1.Session(graph=graph) as sess:
+    with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
         sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
                   tf.compat.v1.tables_initializer()])
         values = sess.run(cut, feeds)

@@ -11,11 +11,12 @@ import pytest
 
 from parallax_tf import costmodel
 from parallax_tf.costmodel import Choice, Cluster, Load
+from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.planner import make_plan
 from tests import launch
-from tools import netns
+from tools import cpu_quota, netns
 
 
 def _run(args, timeout=600, env=None):
@@ -49,9 +50,13 @@ def test_bench_table_json_plot_and_bytes_against_link_counters():
                  "--warmup=3", f"--json={out}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"strategy\s+examples/s\s+step ms\s+CPU ms/step/rank\s+runtime CPU ms\s+wire B/step/rank", proc.stdout)
-    for strategy in ("hybrid", "horovod"):     # where each run's CPU went, by thread
-        assert re.search(rf"^{strategy} CPU ms/step/rank by thread: .*main \d", proc.stdout, re.M), proc.stdout
     data = json.load(open(out))
+    # one core per emulated host (2 cores, 2 hosts): one thread per TF pool, baseline included
+    pools = "1" if netns.have_root() and cpu_quota.available() else "2"
+    for strategy in ("hybrid", "horovod"):     # where each run's CPU went, by thread
+        assert re.search(rf"^{strategy} CPU ms/step/rank by thread \({pools} per TF pool\): .*main \d",
+                         proc.stdout, re.M), proc.stdout
+        assert data["results"][strategy]["pool_threads"] == [int(pools)]
     assert data["cluster"]["hosts"] == 2 and set(data["results"]) == {"hybrid", "horovod"}
     for result in data["results"].values():
         assert {"examples_per_s", "step_s", "bytes_per_step", "lower_bound_bytes_per_step"} <= set(result)
@@ -142,7 +147,6 @@ BUSY = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
 
 
 def test_cpu_quota_per_host_slow_host_and_teardown():
-    from tools import cpu_quota
     proc = _run(["tools.cluster", "--hosts=2", "--slow_hosts=1:4", "--", sys.executable, "-c", BUSY])
     assert proc.returncode == 0, proc.stderr[-3000:]
     if not (netns.have_root() and cpu_quota.available()):
@@ -158,8 +162,33 @@ def test_cpu_quota_per_host_slow_host_and_teardown():
     assert cpu_quota.existing_groups() == [] and netns.existing_namespaces() == []
 
 
+def test_a_process_sizes_tf_pools_to_its_cgroup_quota_or_what_the_rig_says():
+    from parallax_tf.runtime import pool_threads
+    if not (netns.have_root() and cpu_quota.available()):
+        pytest.skip("needs root and the cgroup v1 cpu hierarchy")
+    ask = "from parallax_tf.runtime import pool_threads as p; print(p.available_cores(), p.choose('auto', 1))"
+    try:
+        cpu_quota.setup([0.5])                     # read from the process's own cgroup (no netns here)
+        inside = subprocess.run(["sh", "-c", f"{cpu_quota.join_prefix(0)} {sys.executable} -c \"{ask}\""],
+                                cwd=launch.ROOT, capture_output=True, text=True, timeout=120,
+                                env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    finally:
+        cpu_quota.teardown()
+    assert inside.stdout.split() == ["0.5", "1"], inside.stderr[-2000:]
+    # on emulated hosts `ip netns exec` hides /sys/fs/cgroup: tools.cluster says each host's share
+    proc = _run(["tools.cluster", "--hosts=2", "--host_cpus=1.5", "--slow_hosts=1:3", "--", sys.executable, "-c", ask])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(re.findall(r"^\[\d\]<stdout>:(\S+) (\d+)$", proc.stdout, re.M)) == [("0.5", "1"), ("1.5", "1")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(pool_threads.HOST_CPUS_ENV, "8")          # capped by the cores it may run on
+        shared = max(1, min(8, len(os.sched_getaffinity(0))) // 3)
+        assert [pool_threads.choose(s, 3) for s in ("auto", "tf", "5")] == [shared, 0, 5]
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(ConfigError, match="--threads"):
+            pool_threads.choose(bad, 1)
+
+
 def test_cpu_quota_flags_are_checked():
-    from tools import cpu_quota
     assert cpu_quota.quotas(4, "auto", {}, cores=2) == [0.5] * 4
     assert cpu_quota.quotas(2, "1.5", cpu_quota.parse_slow_hosts("1:3", 2)) == [1.5, 0.5]
     assert cpu_quota.quotas(2, "off", {}) is None

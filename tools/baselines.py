@@ -10,10 +10,12 @@ from __future__ import annotations
 import time
 
 import tensorflow as tf
+from absl import flags
 
 from parallax_tf.inspect_graph import call_model_fn, make_feeds, _needed_placeholders
 from parallax_tf.model import RunContext
-from parallax_tf.runtime import session as session_lib
+from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
+from parallax_tf.runtime import pool_threads, session as session_lib
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.cluster import start_cluster
 
@@ -24,9 +26,12 @@ STALE_RUNS_CAP = 4
 def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_threads_from: int = -1) -> dict:
     """`profile_threads_from`: from this step on, CPU per thread name (thread_cpu_s_per_step)."""
     StepStats.profile_threads_from = profile_threads_from
+    # TF's pools sized as parallax_tf sizes its own (--threads), so the comparison is of the
+    # strategies, not of thread counts
     if name == "single":
+        pool_threads.use(pool_threads.choose(flags.FLAGS.threads, 1))
         return _single(model_fn, input_fn, steps, seed)
-    cluster = start_cluster(None, None)
+    cluster = start_cluster(None, None, threads=flags.FLAGS.threads)
     topo = cluster.topology
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     if name in ("horovod", "horovod_dense"):
@@ -76,7 +81,7 @@ def _single(model_fn, input_fn, steps, seed):
         tf.compat.v1.set_random_seed(seed)
         model = call_model_fn(model_fn, ctx)
         train = model.train_op if model.train_op is not None else model.optimizer.minimize(model.loss)
-        sess = tf.compat.v1.Session(graph=graph)
+        sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
         sess.run(tf.compat.v1.global_variables_initializer())
     return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
 
@@ -90,7 +95,7 @@ def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
         optimizer = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense)
         train = optimizer.minimize(model.loss)
         broadcast = hvd.broadcast_global_variables(0)
-        sess = tf.compat.v1.Session(graph=graph)
+        sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(broadcast)
     return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
@@ -115,8 +120,8 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
         # worker's own step count is not the aggregation count: tokens go to whoever asks first)
         hooks = [optimizer.make_session_run_hook(ctx.rank == 0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
     # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
-    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
-                                      operation_timeout_in_ms=120_000)
+    config = pool_threads.config(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
+                                 operation_timeout_in_ms=120_000)
 
     def open_session():
         with graph.as_default():

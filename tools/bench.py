@@ -58,7 +58,7 @@ def model_flags() -> list:
     passed = []
     for name in FLAGS:
         if name.startswith(("slim_", "cnn_", "mlp_", "lm_", "staleness_", "max_staleness", "ps_plus_", "stanza_",
-                            "fc_nodes", "dsp_", "stages")) and FLAGS[name].present:
+                            "fc_nodes", "dsp_", "stages", "threads")) and FLAGS[name].present:
             value = FLAGS[name].value
             passed.append(f"--{name}={','.join(map(str, value)) if isinstance(value, list) else value}")
     return passed
@@ -84,6 +84,7 @@ def summarise(ranks) -> dict:
         for name, seconds in (r.get("thread_cpu_s_per_step") or {}).items():
             threads[name] = threads.get(name, 0.0) + seconds / len(ranks)
     return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
+            "pool_threads": sorted({r.get("pool_threads") for r in ranks}, key=str),
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
@@ -124,7 +125,8 @@ def thread_lines(results: dict) -> str:
     for name, r in results.items():
         threads = r.get("thread_cpu_s_per_step") or {}
         if threads:
-            lines.append(f"{name} CPU ms/step/rank by thread: " + ", ".join(
+            pools = "/".join(str(n or "TF's own") for n in r.get("pool_threads") or [])
+            lines.append(f"{name} CPU ms/step/rank by thread ({pools} per TF pool): " + ", ".join(
                 f"{thread} {seconds * 1000:.1f}" for thread, seconds in threads.items() if seconds >= 5e-5))
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ import numpy as np
 from absl import app, flags
 
 import parallax_tf as ptf
+from parallax_tf.runtime import pool_threads
 from tools import baselines
 from tools.shared import model_and_input
 
@@ -93,6 +94,7 @@ def train_and_measure() -> dict:
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
               "cpu_s_per_step": float(np.mean(cpu)) if cpu else None, **figures.get("wall", {}),
+              "pool_threads": pool_threads.current(),
               "losses": figures.get("losses"), "thread_cpu_s_per_step": figures.get("thread_cpu_s_per_step"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps

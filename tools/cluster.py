@@ -38,7 +38,7 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
     receives the CPU seconds each host used."""
-    from parallax_tf.runtime import bind, launcher, quiet
+    from parallax_tf.runtime import bind, launcher, pool_threads, quiet
     env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
     shares = cpu_quota.quotas(hosts, host_cpus, cpu_quota.parse_slow_hosts(slow_hosts, hosts))
     if not netns.have_root():
@@ -72,8 +72,12 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
 
         def on_host(cmd, slot_info):
             host = int(slot_info.hostname[1:])
-            enter = f"ip netns exec {netns.host_ns(host)} {cmd}"
-            return f"{cpu_quota.join_prefix(host)} {enter}" if shares else enter
+            if not shares:
+                return f"ip netns exec {netns.host_ns(host)} {cmd}"
+            # `ip netns exec` mounts a /sys of its own, without /sys/fs/cgroup: the rank learns its
+            # host's quota from the environment (parallax_tf.runtime.pool_threads)
+            return (f"{cpu_quota.join_prefix(host)} ip netns exec {netns.host_ns(host)} "
+                    f"env {pool_threads.HOST_CPUS_ENV}={shares[host]:g} {cmd}")
 
         spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
         status = launcher.run(command, spec, hosts * ranks_per_host, emulated, {"eth0"}, netns.LAUNCHER_ADDRESS,

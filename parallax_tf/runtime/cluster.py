@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
-from parallax_tf.runtime import bind
+from parallax_tf.runtime import bind, pool_threads
 from rewriters.common import Topology
 
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -46,8 +46,10 @@ class Cluster:
 _CLUSTER: Optional[Cluster] = None
 
 
-def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False) -> Cluster:
-    """Starts this rank's servers once per process; later runs in the process reuse them."""
+def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False,
+                  threads: str = "auto") -> Cluster:
+    """Starts this rank's servers once per process; later runs in the process reuse them.
+    `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on."""
     global _CLUSTER
     if _CLUSTER is not None:
         return _CLUSTER
@@ -63,6 +65,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
             hosts.append(peer["host"])
     if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
         address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
+    pool_threads.use(pool_threads.choose(threads, hvd.local_size()))
     want = 2 if hvd.local_rank() == 0 else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
     bind.announce_ports(ports)
@@ -126,7 +129,7 @@ def free_ports(address: str, count: int, base: Optional[int], local_rank: int = 
 def _server(spec, job: str, task: int, address: str):
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=task,
-                                    protocol="grpc", start=True)
+                                    protocol="grpc", config=pool_threads.config(), start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError) as err:
         raise ClusterError(f"could not start the {job} server on {address}: {err.message}. "
                            "Another process may have taken the port; pass --port to choose a range") from None

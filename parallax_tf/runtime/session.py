@@ -11,6 +11,7 @@ import tensorflow as tf
 from parallax_tf.errors import ClusterError, Diverged
 from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.model import RunContext
+from parallax_tf.runtime import pool_threads
 from parallax_tf.runtime.hooks import StepStats
 
 
@@ -47,7 +48,7 @@ def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str
     # Soft placement settles what TF's own gradient code colocates with a PS variable while we
     # asked for the worker (zeros for a variable read inside a while loop), as TF1's
     # MonitoredTrainingSession does; every op is still placed explicitly by the rewriter.
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True, operation_timeout_in_ms=timeout_s * 1000)
+    config = pool_threads.config(allow_soft_placement=True, operation_timeout_in_ms=timeout_s * 1000)
     if in_process:
         _drop_placements(graph)
         return tf.compat.v1.Session("", graph=graph, config=config)
