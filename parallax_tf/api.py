@@ -97,6 +97,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         losses, stats = train_loop(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
                                    hooks, tracer, guard, opts.timeout_s * 1000)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+        threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
         link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
             dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
@@ -105,7 +106,6 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
             report = dgraph.final_report(sess) if dgraph.final_report else {}
             histograms = report.get("histograms", {})
             stats.extras.update(report.get("extras", {}))
-            threads = stats.thread_cpu_per_step()
             if threads:
                 stats.extras["thread_cpu_s_per_step"] = threads
             for hook in hooks:

@@ -2,12 +2,11 @@
 
 TF sizes its inter-op and intra-op pools to every core the machine shows. Under a CPU quota
 (a container, a cgroup per emulated host as tools.cluster makes) or with several ranks per host,
-those threads take turns on fewer cores and every step pays for the hand-offs: lm on 2 emulated
-hosts of one core each, CPU per step per rank hybrid 14.5 -> 12.2 ms, Horovod 9.6 -> 9.1,
-one process 4.1 -> 2.7 ms with one thread per pool. `--threads=auto` gives each rank its share
-of the cores it may use (its cgroup's quota, else its CPU affinity), at least one; `tf` keeps
-TF's own sizing; a number sets it. Where a process cannot read its quota ($PARALLAX_HOST_CPUS
-is set by tools.cluster, whose `ip netns exec` hides /sys/fs/cgroup), the environment says it.
+those threads take turns on fewer cores and every step pays for the hand-offs (figures in the
+README, "Where a rank's CPU goes"). `--threads=auto` gives each rank its share of the cores it
+may use (its cgroup's quota, else its CPU affinity), at least one; `tf` keeps TF's own sizing;
+a number sets it. Where a process cannot read its quota, $PARALLAX_HOST_CPUS says it
+(tools.cluster sets it: its `ip netns exec` hides /sys/fs/cgroup).
 
 Every session and server parallax_tf opens takes its pools from config(), so the choice is made
 once per process (use()), when the rank knows how many ranks share its host.
