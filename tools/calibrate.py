@@ -2,7 +2,7 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, ~6 minutes
+    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, twice each, ~6 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
@@ -20,8 +20,8 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks its step runs on) + received x (bytes its host receives,
 costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
-Every run is made --cal_repeats times and its mean CPU taken (20-step runs of one plan differ by
-10-20% here; an exact solve passes that on to the constants, magnified).
+Every run is made --cal_repeats times and its mean CPU taken (runs of one plan differ by 10-20%
+here; an exact solve passes that on to the constants, magnified).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
