@@ -19,7 +19,7 @@ from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
-from parallax_tf.runtime import launch, launcher, quiet, session
+from parallax_tf.runtime import launch, launcher, placement, quiet, session
 from parallax_tf.runtime.hooks import Checkpointer, Progress, StepStats, StepTracer, Summaries, format_histogram
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
@@ -71,6 +71,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
+    placement.host_servers_on_workers(graph, topo.server_ranks)
     graph.finalize()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
@@ -201,7 +202,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
                          opts.route_options(), opts.auto_stanza)
-        plan.servers = list(cluster.ps_addresses)
+        plan.servers = list(cluster.server_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
 

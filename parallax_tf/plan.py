@@ -136,7 +136,7 @@ class Plan:
     strategy: str
     num_ranks: int
     num_hosts: int
-    servers: List[str]              # one TF gRPC PS task per host: "host:port" once known
+    servers: List[str]              # per host, the server holding its PS state: "host:port" once known
     local_aggregation: bool
     variables: List[VariablePlan]
     global_step: Optional[str] = None   # the model's own global step variable, if its train op advances one

@@ -31,7 +31,7 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_thread
     if name == "single":
         pool_threads.use(pool_threads.choose(flags.FLAGS.threads, 1))
         return _single(model_fn, input_fn, steps, seed)
-    cluster = start_cluster(None, None, threads=flags.FLAGS.threads)
+    cluster = start_cluster(None, None, threads=flags.FLAGS.threads, ps_job=name == "tf_ps")
     topo = cluster.topology
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     if name in ("horovod", "horovod_dense"):

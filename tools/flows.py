@@ -7,10 +7,11 @@ the difference covers whole steps:
         --steps 150 --log_every 10
 
 Kinds, from the TF servers' addresses the ranks print (PARALLAX_PRINT_ADDRESSES=1):
-  PS answers        a PS task sending what workers fetch (pulled rows, the global step)
-  worker answers    a worker sending what PS tasks fetch (gradients, pushed rows)
-  gRPC requests     the client side of both: RunGraph and RecvTensor requests and HTTP/2
-                    control frames (flow-control window updates, pings)
+  TF answers        a TF server sending what another task fetches: pulled rows and the global
+                    step from the PS state it holds, this rank's gradients and pushed rows for
+                    PS state elsewhere (a rank's one server holds both: runtime.placement)
+  gRPC requests     the client side: RunGraph and RecvTensor requests and HTTP/2 control
+                    frames (flow-control window updates, pings)
   Horovod           every other connection between hosts (gloo: collectives, negotiation)
 Connections within a host never reach a link and are left out. Headers are estimated at 66 B
 a segment (Ethernet 14, IPv4 20, TCP 32 with timestamps); pure ACKs are segments too."""
@@ -33,7 +34,7 @@ flags.DEFINE_string("json", None, "Also write the per-kind figures here.")
 FLAGS = flags.FLAGS
 
 COUNTERS = ("bytes_sent", "bytes_retrans", "segs_out", "data_segs_out")
-KINDS = ("PS answers", "worker answers", "gRPC requests", "Horovod")
+KINDS = ("TF answers", "gRPC requests", "Horovod")
 _PROGRESS = re.compile(r"^\[0\]<stdout>:step (\d+)/(\d+) ")
 _ADDRESSES = re.compile(r"parallax_tf rank (\d+): worker (\S+?)(?:, ps (\S+))?$")
 
@@ -56,25 +57,23 @@ def snapshot(hosts: int) -> Dict[int, Dict[str, Dict[str, int]]]:
     return out
 
 
-def kind(local: str, peer: str, ps: set, workers: set) -> Optional[str]:
+def kind(local: str, peer: str, servers: set) -> Optional[str]:
     if local.rsplit(":", 1)[0] == peer.rsplit(":", 1)[0]:
         return None                                   # within a host
-    if local in ps:
-        return "PS answers"
-    if local in workers:
-        return "worker answers"
-    if peer in ps or peer in workers:
+    if local in servers:
+        return "TF answers"
+    if peer in servers:
         return "gRPC requests"
     return "Horovod" if not peer.startswith(netns.LAUNCHER_ADDRESS) else None
 
 
-def per_step(before, after, steps: int, ps: set, workers: set) -> Dict[str, Dict[str, float]]:
+def per_step(before, after, steps: int, servers: set) -> Dict[str, Dict[str, float]]:
     """Per step per host: each kind's counters between two snapshots (connections open at both)."""
     sums = collections.defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
     for host, conns in after.items():
         for conn, counters in conns.items():
             old = before.get(host, {}).get(conn)
-            which = kind(*conn.split(">"), ps, workers) if old is not None else None
+            which = kind(*conn.split(">"), servers) if old is not None else None
             if which:
                 for key in COUNTERS:
                     sums[which][key] += counters.get(key, 0) - old.get(key, 0)
@@ -102,7 +101,7 @@ def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", 
     launch = [sys.executable, "-m", "tools.cluster", f"--hosts={hosts}", f"--bandwidth={bandwidth}",
               f"--delay={delay}", "--"] + command
     env = dict(os.environ, PARALLAX_PRINT_ADDRESSES="1", PYTHONUNBUFFERED="1")
-    ps, workers, output = set(), set(), []
+    servers, output = set(), []
     first = last = None                  # (step, snapshot)
     seen = 0
     with subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
@@ -112,9 +111,7 @@ def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", 
                 line = line.rstrip("\n")
                 address = _ADDRESSES.search(line)
                 if address:
-                    workers.add(address.group(2))
-                    if address.group(3):
-                        ps.add(address.group(3))
+                    servers.update(a for a in address.groups()[1:] if a)
                 progress = _PROGRESS.match(line)
                 if progress:
                     seen += 1
@@ -130,7 +127,7 @@ def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", 
     if not (first and last):
         return status or 1, {}, 0, "".join(output)
     steps = last[0] - first[0]
-    return status, per_step(first[1], last[1], steps, ps, workers), steps, "".join(output)
+    return status, per_step(first[1], last[1], steps, servers), steps, "".join(output)
 
 
 def main(argv):

@@ -1,8 +1,9 @@
 """Rank rendezvous through Horovod and the in-process TF gRPC servers.
 
-Every rank runs a `worker` server (its session's target when its graph uses other tasks or
-another rank's graph uses its worker: see session.alone); the first rank of each host also runs
-that host's `ps` server, which holds the PS shards the plan puts on the host. Addresses are
+Every rank runs one `worker` server (its session's target when its graph uses other tasks or
+another rank's graph uses its worker: see session.alone); the first rank's server of each host
+also holds the PS shards the plan puts on the host (runtime.placement). The tf_ps baseline asks
+for a separate `ps` server on each host's first rank, as TF's own examples run it. Addresses are
 exchanged with Horovod's allgather, so no extra coordination service is needed.
 """
 from __future__ import annotations
@@ -39,17 +40,19 @@ class Cluster:
         return self.worker_server.target
 
     @property
-    def ps_addresses(self) -> List[str]:
-        return self.spec["ps"]
+    def server_addresses(self) -> List[str]:
+        """Per host, the address of the server holding its PS state."""
+        return self.spec.get("ps") or [self.spec["worker"][r] for r in self.topology.server_ranks]
 
 
 _CLUSTER: Optional[Cluster] = None
 
 
 def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False,
-                  threads: str = "auto") -> Cluster:
+                  threads: str = "auto", ps_job: bool = False) -> Cluster:
     """Starts this rank's servers once per process; later runs in the process reuse them.
-    `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on."""
+    `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on;
+    `ps_job`: each host's first rank also runs a `ps` server (the tf_ps baseline)."""
     global _CLUSTER
     if _CLUSTER is not None:
         return _CLUSTER
@@ -66,14 +69,15 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
         address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
     pool_threads.use(pool_threads.choose(threads, hvd.local_size()))
-    want = 2 if hvd.local_rank() == 0 else 1
+    want = 2 if ps_job and hvd.local_rank() == 0 else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
     bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "ps": f"{address}:{ports[1]}" if want == 2 else None}
     everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
     spec = {"worker": [p["worker"] for p in everyone]}
-    spec["ps"] = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts]
+    if ps_job:
+        spec["ps"] = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts]
     topology = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                         local_size=hvd.local_size(), host=hosts.index(host_name),
                         ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts])

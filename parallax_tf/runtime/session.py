@@ -11,22 +11,19 @@ import tensorflow as tf
 from parallax_tf.errors import ClusterError, Diverged
 from parallax_tf.inspect_graph import make_feeds
 from parallax_tf.model import RunContext
-from parallax_tf.runtime import pool_threads
+from parallax_tf.runtime import placement, pool_threads
 from parallax_tf.runtime.hooks import StepStats
 
 
 def remote_tasks(graph, rank: int) -> List[str]:
-    """The tasks besides this rank's worker that the graph places ops on: "/job:ps" when it uses
-    parameter servers, and other workers by name (a pipeline stage's queue on its neighbour)."""
+    """The tasks besides this rank's worker that the graph places ops on (the workers hosting
+    PS state, a pipeline stage's queue on its neighbour)."""
     found = set()
     for op in graph.get_operations():
         spec = tf.DeviceSpec.from_string(op.device) if op.device else None
-        if spec is None or spec.job is None:
+        if spec is None or spec.job is None or (spec.job == "worker" and spec.task in (None, rank)):
             continue
-        if spec.job == "ps":
-            found.add("/job:ps")
-        elif spec.job == "worker" and spec.task is not None and spec.task != rank:
-            found.add(f"/job:worker/task:{spec.task}")
+        found.add(f"/job:{spec.job}/task:{spec.task or 0}")
     return sorted(found)
 
 
@@ -50,32 +47,12 @@ def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str
     # MonitoredTrainingSession does; every op is still placed explicitly by the rewriter.
     config = pool_threads.config(allow_soft_placement=True, operation_timeout_in_ms=timeout_s * 1000)
     if in_process:
-        _drop_placements(graph)
+        placement.drop_placements(graph)
         return tf.compat.v1.Session("", graph=graph, config=config)
     # Only this rank's worker and the tasks its graph uses (`remote`): a session must not wait
     # for other workers.
     config.device_filters.extend([f"/job:worker/task:{rank}"] + list(remote))
     return tf.compat.v1.Session(target, graph=graph, config=config)
-
-
-def _drop_placements(graph) -> None:
-    """Clears every op's device, the ops inside the graph's functions too (a while loop's body
-    is placed from those when TF lowers it)."""
-    from tensorflow.python.client import pywrap_tf_session as c_api
-    for op in graph.get_operations():
-        op._set_device("")
-    for function in graph.as_graph_def().library.function:
-        if not any(node.device for node in function.node_def):
-            continue
-        for node in function.node_def:
-            node.device = ""
-        name = function.signature.name
-        c_api.TF_GraphRemoveFunction(graph._c_graph, name)
-        imported = c_api.TF_FunctionImportFunctionDef(function.SerializeToString())
-        try:
-            c_api.TF_GraphCopyFunction(graph._c_graph, imported, None)
-        finally:
-            c_api.TF_DeleteFunction(imported)
 
 
 class PeerLost(ClusterError):
