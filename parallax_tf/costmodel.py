@@ -10,8 +10,8 @@ Per step, every host link carries (each direction, full duplex):
 The busiest link sets the network time, for collectives and for PS traffic apart; round trips
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
 single-device CPU time. A step also takes at least the CPU its rank spends (compute, runtime
-and more of it per other rank and through TF's gRPC master, each PS task it runs on, each byte
-it receives by any route), stretched when more ranks than cores share a machine (as on an
+and more of it per other rank and through TF's gRPC master, each PS task in another process
+it runs on, each byte it receives by any route), stretched when more ranks than cores share a machine (as on an
 emulated cluster). The CPU and per-message constants come from tools.calibrate.
 
 How the parts add up: PS transfers are each rank's own and overlap with its CPU work (and
@@ -233,9 +233,11 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
                       cpu_bound_s=cpu_bound, collective_s=collective)
 
 
-def _ps_tasks(loads, choices, cluster) -> int:
-    """PS tasks a rank's graph runs on each step: servers holding shards (round robin per
-    variable from the least loaded), plus the global step's, as the planner places them."""
+def _ps_tasks(loads, choices, cluster) -> float:
+    """PS tasks in other processes a rank's graph runs on each step, the mean over ranks:
+    servers holding shards (round robin per variable from the least loaded), plus the global
+    step's, as the planner places them; each is its host's first rank's own worker task
+    (runtime.placement), so one rank in N runs it in-process."""
     load_by_server, used = [0] * cluster.hosts, set()
     for load in sorted(loads, key=lambda l: -l.bytes):
         choice = choices[load.name]
@@ -245,7 +247,8 @@ def _ps_tasks(loads, choices, cluster) -> int:
             server = min(range(cluster.hosts), key=lambda s: (load_by_server[s], s))
             load_by_server[server] += load.bytes // max(1, choice.partitions)
             used.add(server)
-    return len(used | {0}) if used else 0
+    tasks = len(used | {0}) if used else 0
+    return tasks * (cluster.ranks - 1) / cluster.ranks
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:

@@ -33,10 +33,11 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # every run made twice; its mean enters the fit
     assert all(len(run["cpu_s_per_step_each"]) == 2 and run["cpu_s_per_step"] == pytest.approx(
         sum(run["cpu_s_per_step_each"]) / 2) for run in runs.values()), runs
-    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1
+    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1;
+    # each PS task is in-process for one rank of N (the mean over ranks: tasks x (N - 1) / N)
     assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
-        "single": (None, None), "hybrid_1": (3, 1), "hybrid_3": (3, 3), "hybrid_1_on_2": (2, 1), "allreduce": (3, 0),
-        "allreduce_on_2": (2, 0)}
+        "single": (None, None), "hybrid_1": (3, 2 / 3), "hybrid_3": (3, 2.0), "hybrid_1_on_2": (2, 0.5),
+        "allreduce": (3, 0), "allreduce_on_2": (2, 0)}
     received = {name: run.get("received_bytes") for name, run in runs.items()}
     # a host receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
     # the table by allgather, or (hybrid) its pulled rows and the pushes its PS serves
@@ -49,7 +50,7 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
     beyond = {name: seconds - cpu["single"] for name, seconds in cpu.items()}
     # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + received bytes
-    for name, ranks, master, tasks in [("hybrid_1", 3, 1, 1), ("hybrid_3", 3, 1, 3), ("hybrid_1_on_2", 2, 1, 1),
+    for name, ranks, master, tasks in [("hybrid_1", 3, 1, 2 / 3), ("hybrid_3", 3, 1, 2), ("hybrid_1_on_2", 2, 1, 0.5),
                                        ("allreduce", 3, 0, 0), ("allreduce_on_2", 2, 0, 0)]:
         assert beyond[name] == pytest.approx(
             fit["runtime_cpu_s"] + fit["peer_cpu_s"] * (ranks - 1) + fit["master_cpu_s"] * master

@@ -7,7 +7,8 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
   message_overhead_s   that PS process's CPU time per request it served (from /proc)
-  task_cpu_s           CPU per PS task a rank's step runs on: hybrid on --cal_hosts emulated
+  task_cpu_s           CPU per PS task in another process a rank's step runs on (the mean
+                       over ranks: costmodel._ps_tasks): hybrid on --cal_hosts emulated
                        hosts with every table in 1 shard and in --cal_hosts shards
   peer_cpu_s           CPU per step per other rank: hybrid in 1 shard on --cal_few_hosts
                        and on --cal_hosts
@@ -18,8 +19,8 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
 Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
-(PS plans) + task x (PS tasks its step runs on) + received x (bytes its host receives,
-costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
+(PS plans) + task x (PS tasks in other processes its step runs on) + received x (bytes its
+host receives, costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
 Every run is made --cal_repeats times and its mean CPU taken (runs of one plan differ by 10-20%
 here; an exact solve passes that on to the constants, magnified).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
@@ -176,7 +177,7 @@ def main(argv):
     cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_few_hosts, FLAGS.cal_bandwidth,
                               FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     for name, run in cpu["runs"].items():
-        where = f" on {run['hosts']} hosts, {run['ps_tasks']} PS task(s), {run['received_bytes']:,.0f} B received" \
+        where = f" on {run['hosts']} hosts, {run['ps_tasks']:.2f} PS task(s) in other processes, {run['received_bytes']:,.0f} B received" \
             if "hosts" in run else ""
         each = " / ".join(f"{cpu_s * 1000:.1f}" for cpu_s in run["cpu_s_per_step_each"])
         print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank ({each}){where}", flush=True)
