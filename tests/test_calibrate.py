@@ -22,7 +22,7 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
     # separate the terms; with 8 ids both move the same bytes)
     proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
-                 "--cal_round_trips=50", "--cal_repeats=2", f"--calibration={path}"])
+                 "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
     data = json.load(open(path))
@@ -30,9 +30,8 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert 1e-5 < data["rpc_overhead_s"] < 0.5 and data["message_overhead_s"] < 0.5
     runs = data["measured"]["cpu"]["runs"]
     cpu = {name: run["cpu_s_per_step"] for name, run in runs.items()}
-    # every run made twice; its mean enters the fit
-    assert all(len(run["cpu_s_per_step_each"]) == 2 and run["cpu_s_per_step"] == pytest.approx(
-        sum(run["cpu_s_per_step_each"]) / 2) for run in runs.values()), runs
+    # each run once here (--cal_repeats=1; the mean of repeats: test_repeated_runs_enter_as_their_mean)
+    assert all(run["cpu_s_per_step_each"] == [run["cpu_s_per_step"]] for run in runs.values()), runs
     # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1;
     # each PS task is in-process for one rank of N (the mean over ranks: tasks x (N - 1) / N)
     assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
@@ -93,6 +92,14 @@ def test_shard_counts_follow_the_calibration_file():
         assert len({s.server for s in entry.shards}) == 8
     for entry in shards(costly).values():    # each task costs 0.5 s of CPU: keep the tables whole
         assert entry.partitions == 1 and f"constants: {costly}" in entry.reason, entry
+
+
+def test_repeated_runs_enter_as_their_mean():
+    from tools import calibrate
+    got = calibrate.mean_of_repeats([{"cpu_s_per_step_per_rank": 0.010, "step_s": 0.030},
+                                     {"cpu_s_per_step_per_rank": 0.014, "step_s": 0.040}])
+    assert got == {"cpu_s_per_step": pytest.approx(0.012), "cpu_s_per_step_each": [0.010, 0.014],
+                   "step_s": pytest.approx(0.035)}
 
 
 def test_missing_unreadable_and_negative_calibration_files(monkeypatch):

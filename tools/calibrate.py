@@ -107,6 +107,13 @@ def equation_terms(run: dict) -> list:
     return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"]]
 
 
+def mean_of_repeats(got: list) -> dict:
+    """CPU per step per rank and step time of repeated runs of one plan: each run's and the means."""
+    cpu = [one["cpu_s_per_step_per_rank"] for one in got]
+    return {"cpu_s_per_step": float(np.mean(cpu)), "cpu_s_per_step_each": cpu,
+            "step_s": float(np.mean([one["step_s"] for one in got]))}
+
+
 def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int,
                         repeats: int = 1) -> dict:
     """The CPU constants (see the module's doc) from a single-process run, three hybrid runs and
@@ -131,9 +138,7 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
             if "error" in one:
                 raise SystemExit(f"tools.calibrate: {what} failed: {one['error']}")
             got.append(one)
-        cpu = [one["cpu_s_per_step_per_rank"] for one in got]
-        return {"cpu_s_per_step": float(np.mean(cpu)), "cpu_s_per_step_each": cpu,
-                "step_s": float(np.mean([one["step_s"] for one in got]))}
+        return mean_of_repeats(got)
 
     runs = {"single": repeated("the single-process run", "single", 1)}
 
