@@ -11,8 +11,8 @@ The busiest link sets the network time, for collectives and for PS traffic apart
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
 single-device CPU time. A step also takes at least the CPU its rank spends (compute, runtime
 and more of it per other rank and through TF's gRPC master, each PS task in another process
-it runs on, each byte it receives by any route), stretched when more ranks than cores share a machine (as on an
-emulated cluster). The CPU and per-message constants come from tools.calibrate.
+it runs on, each byte it receives by any route), stretched when more ranks than cores share a
+machine (as on an emulated cluster). The CPU and per-message constants come from tools.calibrate.
 
 How the parts add up: PS transfers are each rank's own and overlap with its CPU work (and
 with other ranks'), so they sit inside max(CPU bound, compute + PS network + server). A

@@ -38,7 +38,7 @@ class Topology:
 
     @property
     def server_ranks(self) -> List[int]:
-        """The ranks whose process runs their host's PS server: the first rank of each host."""
+        """The ranks whose server holds their host's PS state: the first rank of each host."""
         firsts, start = [], 0
         for count in self.ranks_per_host:
             firsts.append(start)

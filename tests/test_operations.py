@@ -127,7 +127,7 @@ def test_servers_listen_on_the_launcher_interface_only():
     proc = launch.run_ranks(2, ["tests/jobs/listeners_job.py", other or "-"], timeout=180, preload=False)
     assert proc.returncode == 0, launch.tail(proc)
     listens = re.findall(r"LISTEN rank=(\d) port=(\d+) local=(\S+)", proc.stdout)
-    assert len(listens) == 3      # two workers and the host's PS server
+    assert len(listens) == 3      # two workers and the tf_ps baseline's ps server on rank 0
     for _, port, local in listens:
         assert local in (f"127.0.0.1:{port}", f"[::ffff:127.0.0.1]:{port}"), local
     if other:                     # and nobody gets in through another interface

@@ -86,7 +86,7 @@ def train_and_measure() -> dict:
         if rank == 0:
             figures["held_out_loss"] = held_out_loss(model_fn, input_fn, result.variables)
     times = figures["step_times"][FLAGS.warmup:]
-    # this process's CPU (all threads, its PS server's too) per timed step
+    # this process's CPU (all threads, serving its PS state too) per timed step
     cpu = figures["step_cpu_s"][FLAGS.warmup:]
     link = figures["link_bytes"]
     # the mean, not the median: a strategy that communicates every few steps (slim_dp rounds)

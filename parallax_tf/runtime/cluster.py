@@ -41,8 +41,8 @@ class Cluster:
 
     @property
     def server_addresses(self) -> List[str]:
-        """Per host, the address of the server holding its PS state."""
-        return self.spec.get("ps") or [self.spec["worker"][r] for r in self.topology.server_ranks]
+        """Per host, the address of the server holding parallax_tf's PS state (runtime.placement)."""
+        return [self.spec["worker"][r] for r in self.topology.server_ranks]
 
 
 _CLUSTER: Optional[Cluster] = None

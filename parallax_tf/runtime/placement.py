@@ -1,11 +1,12 @@
 """Where a rewritten graph's ops run, settled after the rewriter.
 
-Rewriters place a host's parameter-server state on the logical task /job:ps/task:<host>. No
-process runs a `ps` server: the first rank of each host hosts its host's PS state in its own
-worker server, so that rank reads and updates its host's shards in-process, not over gRPC on
-loopback, and each process runs one server. (lm, 2 hosts, 1 Gbit, 60 steps, two runs each: a
-separate PS server in the same process 3,328 / 3,392 examples/s and 16.2 / 15.7 ms of CPU per
-step per rank; hosted by the worker 4,348 / 4,637 and 11.4 / 10.4.)
+Rewriters place a host's parameter-server state on the logical task /job:ps/task:<host>; no
+parallax_tf run starts a `ps` server (only the tf_ps baseline does). The first rank of each host
+holds its host's PS state in its own worker server, so that rank reads and updates its host's
+shards in-process, not over gRPC on loopback, and each process runs one server. (lm, 2 hosts,
+1 Gbit, 60 steps, alternated, two runs each: a separate `ps` server in the same process 3,328 /
+3,392 examples/s and 16.2 / 15.7 ms of CPU per step per rank; held by the worker 4,348 / 4,637
+and 11.4 / 10.4.)
 """
 from __future__ import annotations
 
