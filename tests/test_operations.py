@@ -167,3 +167,28 @@ def test_a_rank_alone_runs_in_its_own_process_with_its_placements_dropped():
     sess.run(weight.initializer)
     assert sess.run([total, grad]) == [8.0, 12.0]      # w^3 and 3 w^2 at w = 2
     assert all(op.device == "" for op in graph.get_operations())
+
+
+def test_ps_state_moves_onto_the_first_rank_of_its_host():
+    """Rewriters place a host's PS state on /job:ps/task:<host>; the runtime moves it onto that
+    host's first rank's worker (inside the graph's functions too), which is then the task the
+    other ranks' sessions reach."""
+    from parallax_tf.runtime import placement, session
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device("/job:ps/task:1"):
+            table = tf.compat.v1.get_variable("table", [2], use_resource=True)
+
+        @tf.function
+        def doubled(x):
+            with tf.device("/job:ps/task:1"):
+                return x * 2.0
+        with tf.device("/job:worker/task:0"):
+            doubled(table.read_value())
+    placement.host_servers_on_workers(graph, server_ranks=[0, 2])     # hosts of 2 ranks each
+    assert graph.get_operation_by_name("table").device == "/job:worker/task:2"
+    body = [node for f in graph.as_graph_def().library.function for node in f.node_def if node.op == "Mul"]
+    assert [node.device for node in body] == ["/job:worker/task:2"]
+    assert not any("/job:ps" in op.device for op in graph.get_operations())
+    assert session.remote_tasks(graph, rank=0) == ["/job:worker/task:2"]
+    assert session.remote_tasks(graph, rank=2) == ["/job:worker/task:0"]
