@@ -64,7 +64,7 @@ def _cgroup_quota() -> Optional[float]:
                 base = os.path.join("/sys/fs/cgroup", mount, path.lstrip("/"))
                 quota, period = _read(base, "cpu.cfs_quota_us"), _read(base, "cpu.cfs_period_us")
                 if quota is not None and period:
-                    return float(quota.split()[0]) / float(period.split()[0]) if int(quota) > 0 else None
+                    return float(quota) / float(period) if int(quota) > 0 else None   # -1: no quota
         elif controllers == "":                                      # v2
             limit = _read(os.path.join("/sys/fs/cgroup", path.lstrip("/")), "cpu.max")
             if limit and not limit.startswith("max"):
