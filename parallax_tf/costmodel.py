@@ -46,7 +46,8 @@ class Cluster:
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
     # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
     # per other rank, through TF's gRPC master (plans with PS variables), per PS task its graph
-    # runs a partition on and per byte it receives: a step takes at least that
+    # runs a partition on and per byte it receives (ring AllReduce bytes at their own rate): a
+    # step takes at least that
     # CPU, times ranks / cores when ranks share cores. All these constants come from
     # tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
@@ -54,6 +55,7 @@ class Cluster:
     peer_cpu_s: float = _DEFAULTS.peer_cpu_s
     master_cpu_s: float = _DEFAULTS.master_cpu_s
     received_cpu_s_per_byte: float = _DEFAULTS.received_cpu_s_per_byte
+    ring_cpu_s_per_byte: float = _DEFAULTS.ring_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
 
     @classmethod
@@ -170,32 +172,47 @@ def allgathered_bytes(load: Load) -> int:
     return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
 
 
+RING, GATHER, POINT = "ring", "allgather", "ps"      # how a variable's bytes cross: host_traffic's cases
+
+
+def _kind(load: Load, choice: Choice) -> str:
+    if choice.route != ROUTE_ALLREDUCE:
+        return POINT
+    return GATHER if load.gradient == "sparse" else RING
+
+
 def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> Tuple[Dict[str, tuple], List[int]]:
-    """(tx, rx) per host for collectives (ROUTE_ALLREDUCE) and PS traffic (ROUTE_PS) apart, and
-    the graph runs each server host handles, summed over the variables."""
+    """(tx, rx) per host by kind (ring AllReduce, allgather, PS), and the graph runs each server
+    host handles, summed over the variables."""
     H = cluster.hosts
-    traffic = {route: ([0.0] * H, [0.0] * H) for route in (ROUTE_ALLREDUCE, ROUTE_PS)}
+    traffic = {kind: ([0.0] * H, [0.0] * H) for kind in (RING, GATHER, POINT)}
     messages = [0] * H
     for load in loads:
-        choice = choices[load.name]
-        t, r, m = host_traffic(load, choice, cluster)
-        kind = ROUTE_ALLREDUCE if choice.route == ROUTE_ALLREDUCE else ROUTE_PS   # host_traffic's two cases
+        t, r, m = host_traffic(load, choices[load.name], cluster)
+        kind = _kind(load, choices[load.name])
         tx, rx = traffic[kind]
         traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
         messages = [max(a, b) for a, b in zip(messages, m)]
     return traffic, messages
 
 
-def _mean_received(traffic: Dict[str, tuple], cluster: Cluster) -> float:
-    return sum(sum(rx) for _, rx in traffic.values()) / cluster.ranks
+def _mean_received(traffic: Dict[str, tuple], kinds, cluster: Cluster) -> float:
+    return sum(sum(traffic[kind][1]) for kind in kinds) / cluster.ranks
 
 
 def received_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
-    """Bytes a rank receives per step, the mean over ranks: by ring AllReduce, by allgather,
-    pulled from a PS or pushed to the PS its host serves. Each costs CPU (gloo's and gRPC's
-    copies, sums, (de)serialisation). The mean, as the calibration measures a rank's CPU: a
-    host serving a hot shard spends more."""
-    return _mean_received(_traffic(loads, choices, cluster)[0], cluster)
+    """Bytes a rank receives per step by allgather, pulled from a PS or pushed to the PS its host
+    serves, the mean over ranks (a host serving a hot shard spends more). Each byte costs CPU:
+    gRPC's (de)serialisation and copies, and the TF ops that expand, sum and apply the rows."""
+    return _mean_received(_traffic(loads, choices, cluster)[0], (GATHER, POINT), cluster)
+
+
+def ring_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
+    """Bytes a rank receives per step by ring AllReduce of dense gradients, the mean over ranks:
+    gloo copies and sums them in place, cheaper per byte than the others (received_bytes).
+    Measured (cnn, its dense weights all AllReduce): ~3 ns/B where the lm's allgather and PS
+    bytes cost ~7 at one rate for both."""
+    return _mean_received(_traffic(loads, choices, cluster)[0], (RING,), cluster)
 
 
 def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
@@ -210,8 +227,9 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
     has_ps = runs_through_master(loads, choices)
     has_ar = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "dense" for l in loads)
     has_allgather = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse" for l in loads)
+    collectives = tuple([a + b for a, b in zip(traffic[RING][i], traffic[GATHER][i])] for i in (0, 1))
     network, collective = (max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
-                           for tx, rx in (traffic[ROUTE_PS], traffic[ROUTE_ALLREDUCE]))
+                           for tx, rx in (traffic[POINT], collectives))
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
     latency = 0.0
     if N > 1 and has_ar and H > 1:
@@ -225,7 +243,8 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
     per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.received_cpu_s_per_byte * _mean_received(traffic, cluster) \
+        + cluster.received_cpu_s_per_byte * _mean_received(traffic, (GATHER, POINT), cluster) \
+        + cluster.ring_cpu_s_per_byte * _mean_received(traffic, (RING,), cluster) \
         + (cluster.master_cpu_s if has_ps else 0.0)
     cpu_bound = per_rank * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
@@ -371,14 +390,17 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
         got = predict(among, all_reduced, part, 0.0)
         return got.network_s + got.collective_s + got.latency_s
 
-    def ring(among: List[Load], hosts: int) -> float:
-        return received_bytes(among, all_reduced, dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1))
+    def sync_cpu(among: List[Load], hosts: int) -> float:
+        """CPU of the bytes this group's AllReduce brings each node (ring, and allgathered rows)."""
+        part = dataclasses.replace(cluster, hosts=hosts, ranks_per_host=1)
+        return cluster.ring_cpu_s_per_byte * ring_bytes(among, all_reduced, part) \
+            + cluster.received_cpu_s_per_byte * received_bytes(among, all_reduced, part)
 
     # each node's CPU per step as predict() counts it (compute, runtime, bytes it receives), on
     # its host's share of the cores
     per_byte, turns = cluster.received_cpu_s_per_byte, cluster.cpu_turns
-    conv_cpu = conv_compute + cluster.runtime_cpu + per_byte * (down + ring(extractor, conv))
-    fc_cpu = split.head_compute_s * group + cluster.runtime_cpu + per_byte * (group * up + ring(head, fc_nodes))
+    conv_cpu = conv_compute + cluster.runtime_cpu + per_byte * down + sync_cpu(extractor, conv)
+    fc_cpu = split.head_compute_s * group + cluster.runtime_cpu + per_byte * group * up + sync_cpu(head, fc_nodes)
     stages = [group * up / cluster.bandwidth_bytes_per_s, fc_cpu * turns, group * down / cluster.bandwidth_bytes_per_s]
     pipeline = max(stages) + (sum(stages) - max(stages)) / microbatches
     conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)

@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import pytest
 
 from parallax_tf import calibration, costmodel
@@ -20,8 +21,9 @@ CONSTANTS = calibration.REQUIRED + calibration.LATER
 def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     path = os.path.join(tempfile.mkdtemp(), "calibration.json")
     # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
-    # separate the terms; with 8 ids both move the same bytes)
-    proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
+    # separate the terms; with 8 ids both move the same bytes. A small CNN is the dense model.)
+    proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_dense_model=cnn", "--cnn_conv_channels=4,8",
+                 "--cnn_fc_units=64", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
                  "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
@@ -33,27 +35,38 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # each run once here (--cal_repeats=1; the mean of repeats: test_repeated_runs_enter_as_their_mean)
     assert all(run["cpu_s_per_step_each"] == [run["cpu_s_per_step"]] for run in runs.values()), runs
     # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1;
-    # each PS task is in-process for one rank of N (the mean over ranks: tasks x (N - 1) / N)
-    assert {name: (run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
-        "single": (None, None), "hybrid_1": (3, 2 / 3), "hybrid_3": (3, 2.0), "hybrid_1_on_2": (2, 0.5),
-        "allreduce": (3, 0), "allreduce_on_2": (2, 0)}
+    # each PS task is in-process for one rank of N (the mean over ranks: tasks x (N - 1) / N);
+    # the CNN all AllReduce on 3 hosts or 2
+    assert {name: (run.get("model"), run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
+        "single": (None, None, None), "single_cnn": (None, None, None), "hybrid_1": ("mlp", 3, 2 / 3),
+        "hybrid_3": ("mlp", 3, 2.0), "hybrid_1_on_2": ("mlp", 2, 0.5), "allreduce": ("mlp", 3, 0),
+        "allreduce_on_2": ("mlp", 2, 0), "allreduce_cnn": ("cnn", 3, 0), "allreduce_cnn_on_2": ("cnn", 2, 0)}
     received = {name: run.get("received_bytes") for name, run in runs.items()}
-    # a host receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
+    ring = {name: run.get("ring_bytes") for name, run in runs.items()}
+    # a rank receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
     # the table by allgather, or (hybrid) its pulled rows and the pushes its PS serves
-    dense = sum(v.bytes for v in capture(*_mlp(), RunContext(), seed=0).variables if v.gradient == "dense")
-    assert received["allreduce"] - 4 / 3 * dense == pytest.approx(2 * (received["allreduce_on_2"] - dense))
-    assert received["allreduce_on_2"] > dense > 0
-    assert received["hybrid_1"] > 4 / 3 * dense and received["hybrid_1_on_2"] > dense
+    dense = {name: sum(v.bytes for v in capture(*make(), RunContext(), seed=0).variables if v.gradient == "dense")
+             for name, make in (("mlp", _mlp), ("cnn", _cnn))}
+    for name, run in runs.items():
+        if "hosts" in run:
+            ranks = run["hosts"]
+            assert ring[name] == pytest.approx(2 * (ranks - 1) / ranks * dense[run["model"]]), name
+    assert received["allreduce"] == pytest.approx(2 * received["allreduce_on_2"]) and received["allreduce_on_2"] > 0
+    assert received["allreduce_cnn"] == received["allreduce_cnn_on_2"] == 0
+    assert received["hybrid_1"] > 0 and received["hybrid_1_on_2"] > 0
     assert all(seconds > 0 for seconds in cpu.values())
-    fit = data["measured"]["cpu"]["fit"]            # the file keeps the raw fit; the constants floor it at 0
-    assert {k: data[k] for k in fit} == {k: max(0.0, v) for k, v in fit.items()}
-    beyond = {name: seconds - cpu["single"] for name, seconds in cpu.items()}
-    # every run: beyond = runtime + peer (ranks - 1) + master (PS plans) + task tasks + received bytes
-    for name, ranks, master, tasks in [("hybrid_1", 3, 1, 2 / 3), ("hybrid_3", 3, 1, 2), ("hybrid_1_on_2", 2, 1, 0.5),
-                                       ("allreduce", 3, 0, 0), ("allreduce_on_2", 2, 0, 0)]:
-        assert beyond[name] == pytest.approx(
-            fit["runtime_cpu_s"] + fit["peer_cpu_s"] * (ranks - 1) + fit["master_cpu_s"] * master
-            + fit["task_cpu_s"] * tasks + fit["received_cpu_s_per_byte"] * received[name], abs=1e-9), name
+    # every run: beyond its model's single-process CPU = runtime + peer (ranks - 1) + master (PS
+    # plans) + task tasks + received x its bytes + ring x its ring bytes, fitted by least squares
+    for name, run in runs.items():
+        if "hosts" not in run:
+            continue
+        single = cpu["single" if run["model"] == "mlp" else "single_cnn"]
+        assert run["beyond_single_s"] == pytest.approx(cpu[name] - single), name
+        master = 1 if name.startswith("hybrid") else 0
+        assert run["fitted_beyond_single_s"] == pytest.approx(
+            data["runtime_cpu_s"] + data["peer_cpu_s"] * (run["hosts"] - 1) + data["master_cpu_s"] * master
+            + data["task_cpu_s"] * run["ps_tasks"] + data["received_cpu_s_per_byte"] * received[name]
+            + data["ring_cpu_s_per_byte"] * ring[name], abs=1e-9), name
 
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
@@ -65,6 +78,25 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
 def _mlp():
     from models import mlp
     return mlp.make_model_fn(), mlp.make_input_fn()
+
+
+def _cnn():
+    from models import cnn
+    return cnn.make_model_fn(conv_channels=[4, 8], fc_units=[64]), cnn.make_input_fn()
+
+
+def test_the_fit_is_the_least_squares_one_with_no_negative_term():
+    from tools import calibrate
+    rng = np.random.default_rng(0)
+    terms = rng.random((7, 6)) * [1, 7, 1, 3, 1e6, 1e6]           # counts and bytes, as the runs have
+    truth = np.array([2e-3, 5e-4, 1e-3, 2e-3, 7e-9, 3e-9])
+    assert calibrate.nonnegative_fit(terms.tolist(), (terms @ truth).tolist()) == pytest.approx(truth, rel=1e-6)
+    # runs that put one term below 0 (noise): it is 0, the others the best fit without it
+    noisy = terms @ np.array([2e-3, 5e-4, -1e-3, 2e-3, 7e-9, 3e-9])
+    got = calibrate.nonnegative_fit(terms.tolist(), noisy.tolist())
+    without = np.delete(terms, 2, axis=1)
+    assert got[2] == 0 and np.delete(got, 2) == pytest.approx(np.linalg.lstsq(without, noisy, rcond=None)[0], rel=1e-6)
+    assert (got >= 0).all()
 
 
 def _write(constants: dict) -> str:
@@ -131,9 +163,9 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     cluster = costmodel.Cluster(4, 1, link, cores=2, runtime_cpu_s=0.004, task_cpu_s=0.002)
     gathered_all = {l.name: costmodel.Choice("allreduce") for l in loads}
     sparse = [l for l in loads if l.gradient == "sparse"]
-    # from 3 other ranks by allgather, 2(N-1)/N of each dense gradient by ring AllReduce
-    received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse) \
-        + sum(2 * 3 / 4 * l.bytes for l in loads if l.gradient == "dense")
+    # from 3 other ranks by allgather; 2(N-1)/N of each dense gradient by ring AllReduce
+    received = sum(3 * costmodel.allgathered_bytes(l) for l in sparse)
+    ring = sum(2 * 3 / 4 * l.bytes for l in loads if l.gradient == "dense")
 
     def cpu_bound(**terms):
         return costmodel.predict(loads, gathered_all, dataclasses.replace(cluster, **terms), 0.001).cpu_bound_s
@@ -145,6 +177,7 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     assert with_master.cpu_bound_s - costmodel.predict(loads, on_ps, cluster, 0.001).cpu_bound_s == \
         pytest.approx(0.001 * turns)
     assert cpu_bound(received_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
+    assert cpu_bound(ring_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * ring * turns)
 
     def routes(gather_cost):
         chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost), 0.001)

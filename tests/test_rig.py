@@ -94,7 +94,8 @@ def test_collectives_add_to_the_step_and_ps_traffic_hides_under_the_cpu():
     """A collective is a barrier: its link time adds to a CPU-bound step. A PS transfer is one
     rank's own: it overlaps the CPU work until it is the longer of the two."""
     cluster = Cluster(hosts=2, bandwidth_bytes_per_s=1e6, runtime_cpu_s=0.05, task_cpu_s=0.0, rpc_overhead_s=0.0,
-                      message_overhead_s=0.0, peer_cpu_s=0.0, master_cpu_s=0.0, received_cpu_s_per_byte=0.0)
+                      message_overhead_s=0.0, peer_cpu_s=0.0, master_cpu_s=0.0, received_cpu_s_per_byte=0.0,
+                      ring_cpu_s_per_byte=0.0)
     dense = Load("w", 10_000, "dense", 100, 100)
     table = Load("emb", 100_000, "sparse", 100, 1000, rows_touched=100, gathered_bytes=10_000)
     reduced = costmodel.predict([dense, table], {"w": Choice("allreduce"), "emb": Choice("ps", 1)}, cluster, 0.01)
@@ -105,12 +106,13 @@ def test_collectives_add_to_the_step_and_ps_traffic_hides_under_the_cpu():
     got = costmodel.predict([dense, table], {"w": Choice("allreduce"), "emb": Choice("ps", 1)}, slow, 0.01)
     assert got.network_s > got.cpu_bound_s                               # now the PS transfer is longer
     assert got.step_s == pytest.approx(0.01 + got.network_s + got.collective_s)
-    # and each byte received costs CPU, by either route
-    costly = dataclasses.replace(cluster, received_cpu_s_per_byte=1e-6)
-    received = costmodel.received_bytes([dense, table], {"w": Choice("allreduce"), "emb": Choice("ps", 1)}, cluster)
-    assert received > 10_000
-    assert costmodel.predict([dense, table], {"w": Choice("allreduce"), "emb": Choice("ps", 1)}, costly, 0.01) \
-        .cpu_bound_s == pytest.approx(0.06 + 1e-6 * received)
+    # and each byte received costs CPU: the PS's at one rate, the ring's at its own
+    costly = dataclasses.replace(cluster, received_cpu_s_per_byte=1e-6, ring_cpu_s_per_byte=1e-7)
+    routes = {"w": Choice("allreduce"), "emb": Choice("ps", 1)}
+    received = costmodel.received_bytes([dense, table], routes, cluster)
+    assert costmodel.ring_bytes([dense, table], routes, cluster) == 10_000 and received > 0
+    assert costmodel.predict([dense, table], routes, costly, 0.01).cpu_bound_s == \
+        pytest.approx(0.06 + 1e-6 * received + 1e-7 * 10_000)
 
 
 def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():

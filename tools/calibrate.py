@@ -2,7 +2,7 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate                 # lm on 2 and 8 emulated hosts, twice each, ~6 minutes
+    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~9 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
@@ -10,19 +10,21 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   task_cpu_s           CPU per PS task in another process a rank's step runs on (the mean
                        over ranks: costmodel._ps_tasks): hybrid on --cal_hosts emulated
                        hosts with every table in 1 shard and in --cal_hosts shards
-  peer_cpu_s           CPU per step per other rank: hybrid in 1 shard on --cal_few_hosts
-                       and on --cal_hosts
-  received_cpu_s_per_byte  per byte a rank's host receives (AllReduce, allgather, PS pulls
-                       and the pushes it serves): --strategy=allreduce (every sparse gradient
-                       allgathered) on both host counts
+  peer_cpu_s           CPU per step per other rank: the runs on --cal_few_hosts and --cal_hosts
+  received_cpu_s_per_byte  per byte a rank receives by allgather or PS (pulls, and the pushes
+                       its host serves): --strategy=allreduce (every sparse gradient
+                       allgathered) and hybrid on both host counts
+  ring_cpu_s_per_byte  per byte a rank receives by ring AllReduce of dense gradients:
+                       --cal_dense_model (every gradient dense) on both host counts
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
-Each run: CPU per step per rank = single-process CPU + runtime + peer x (ranks - 1) + master
-(PS plans) + task x (PS tasks in other processes its step runs on) + received x (bytes its
-host receives, costmodel.received_bytes); the five runs give five equations in the five constants, solved exactly.
-Every run is made --cal_repeats times and its mean CPU taken (runs of one plan differ by 10-20%
-here; an exact solve passes that on to the constants, magnified).
+Each run: CPU per step per rank = its model's single-process CPU + runtime + peer x (ranks - 1)
++ master (PS plans) + task x (PS tasks in other processes its step runs on) + received x
+(costmodel.received_bytes) + ring x (costmodel.ring_bytes). Seven runs, six terms: the least-
+squares fit with every term >= 0; each run's fitted figure is printed and kept beside its
+measured one. Every run is made --cal_repeats times and its mean CPU taken (runs of one plan
+differ by 10-20% here).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibratio
 from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
 from tools import shared  # noqa: F401  (--model, --warmup)
 
+flags.DEFINE_string("cal_dense_model", "cnn", "A model whose gradients are all dense: its allreduce runs on both "
+                    "host counts separate the ring AllReduce's CPU per byte from the other bytes'.")
 flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the 1- and N-shard hybrid runs and an allreduce run.")
 flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard hybrid run and allreduce run, "
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
@@ -99,12 +103,13 @@ def measure_round_trips(count: int) -> dict:
         server.wait(timeout=30)
 
 
-FITTED = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "received_cpu_s_per_byte")
+FITTED = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "received_cpu_s_per_byte",
+          "ring_cpu_s_per_byte")
 
 
 def equation_terms(run: dict) -> list:
     """What multiplies each of FITTED in a run's equation."""
-    return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"]]
+    return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"], run["ring_bytes"]]
 
 
 def mean_of_repeats(got: list) -> dict:
@@ -114,10 +119,31 @@ def mean_of_repeats(got: list) -> dict:
             "step_s": float(np.mean([one["step_s"] for one in got]))}
 
 
-def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int, warmup: int,
-                        repeats: int = 1) -> dict:
-    """The CPU constants (see the module's doc) from a single-process run, three hybrid runs and
-    two allreduce runs, each made `repeats` times."""
+def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
+    """The least-squares solution of terms x = beyond with every x >= 0 (each term is a cost):
+    the best over every set of terms left free, the others 0 (six terms: 63 small solves)."""
+    a, b = np.array(terms, dtype=float), np.array(beyond, dtype=float)
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale                                   # bytes and counts: columns of one magnitude
+    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
+    for free in range(1, 2 ** a.shape[1]):
+        columns = [j for j in range(a.shape[1]) if free >> j & 1]
+        if np.linalg.matrix_rank(a[:, columns]) < len(columns):
+            continue
+        x = np.linalg.lstsq(a[:, columns], b, rcond=None)[0]
+        residual = float(np.sum((a[:, columns] @ x - b) ** 2))
+        if (x >= 0).all() and residual < best_residual - 1e-18:
+            best, best_residual = np.zeros(a.shape[1]), residual
+            best[columns] = x
+    return best / scale
+
+
+def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int,
+                        warmup: int, repeats: int = 1) -> dict:
+    """The CPU constants (see the module's doc) from runs of `model` (single-process, three
+    hybrid, two allreduce) and of `dense_model` (single-process, two allreduce), each made
+    `repeats` times."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
@@ -125,53 +151,57 @@ def measure_runtime_cpu(model: str, hosts: int, few_hosts: int, bandwidth: str, 
     if not 1 < few_hosts < hosts:
         raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
                          f"--cal_hosts={hosts}")
-    model_fn, input_fn = model_and_input(model)
-    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
-    loads = costmodel.loads_from(captured)
+    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed) for name in (model, dense_model)}
+    if any(v.gradient == "sparse" for v in captured[dense_model].variables):
+        raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "
+                         "whose gradients are all dense (cnn)")
 
-    def repeated(what: str, strategy: str, on_hosts: int, extra_flags=()) -> dict:
+    def repeated(what: str, strategy: str, on_hosts: int, of: str, extra_flags=()) -> dict:
         """CPU per step per rank and step time of `repeats` runs: each run's and their means."""
         got = []
         for _ in range(repeats):
-            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", model, steps, warmup,
+            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", of, steps, warmup,
                                      extra_flags=extra_flags)
             if "error" in one:
                 raise SystemExit(f"tools.calibrate: {what} failed: {one['error']}")
             got.append(one)
         return mean_of_repeats(got)
 
-    runs = {"single": repeated("the single-process run", "single", 1)}
+    singles = {name: repeated(f"the single-process run of {name}", "single", 1, name) for name in captured}
+    runs = {"single" if name == model else f"single_{name}": got for name, got in singles.items()}
 
-    def run(name: str, strategy: str, on_hosts: int, shards: int = 1) -> dict:
-        plan = make_plan(captured, strategy, on_hosts, on_hosts, partitions=shards)
+    def run(name: str, strategy: str, on_hosts: int, shards: int = 1, of: str = model) -> dict:
+        loads = costmodel.loads_from(captured[of])
+        plan = make_plan(captured[of], strategy, on_hosts, on_hosts, partitions=shards)
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
-        got = repeated(f"{strategy} on {on_hosts} hosts ({name})", strategy, on_hosts,
+        got = repeated(f"{strategy} of {of} on {on_hosts} hosts ({name})", strategy, on_hosts, of,
                        [f"--partitions={shards}"] if strategy == "hybrid" else [])
         cluster = costmodel.Cluster(on_hosts)
-        runs[name] = {"hosts": on_hosts, "partitions": shards,
+        runs[name] = {"model": of, "hosts": on_hosts, "partitions": shards,
                       "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
                       "master": int(costmodel.runs_through_master(loads, choices)),
-                      "received_bytes": costmodel.received_bytes(loads, choices, cluster), **got}
+                      "received_bytes": costmodel.received_bytes(loads, choices, cluster),
+                      "ring_bytes": costmodel.ring_bytes(loads, choices, cluster),
+                      "beyond_single_s": got["cpu_s_per_step"] - singles[of]["cpu_s_per_step"], **got}
         return runs[name]
 
-    one_shard, spread = run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
-    one_shard_few = run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
-    gathering, gathering_few = run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce",
-                                                                        few_hosts)
+    run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
+    run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
+    run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce", few_hosts)
+    run(f"allreduce_{dense_model}", "allreduce", hosts, of=dense_model)
+    run(f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, of=dense_model)
 
-    # one equation per run (module doc), as many runs as unknowns: solved exactly
-    measured = [one_shard, spread, one_shard_few, gathering, gathering_few]
+    # one equation per multi-rank run (module doc), more runs than terms: least squares
+    measured = [r for r in runs.values() if "hosts" in r]
     terms = [equation_terms(r) for r in measured]
-    beyond = [r["cpu_s_per_step"] - runs["single"]["cpu_s_per_step"] for r in measured]
-    try:
-        fit = dict(zip(FITTED, (float(x) for x in np.linalg.solve(np.array(terms), np.array(beyond)))))
-    except np.linalg.LinAlgError:
+    if np.linalg.matrix_rank(np.array(terms) / np.abs(np.array(terms)).max(axis=0).clip(min=1e-30)) < len(FITTED):
         raise SystemExit(f"tools.calibrate: the runs on {few_hosts} and {hosts} hosts do not separate the CPU "
-                         "terms (two of them move the same bytes, or the model has no dense or no sparse gradient); "
-                         "calibrate with --model=lm") from None
-    # noise can make a difference negative; the model needs costs, so they are floored at 0
-    # and the raw figures stay in the file
-    return {**{k: max(0.0, v) for k, v in fit.items()}, "fit": fit, "runs": runs, "model": model,
+                         "terms (two of them move the same bytes, or --model has no dense or no sparse gradient); "
+                         "calibrate with --model=lm --cal_dense_model=cnn")
+    fit = nonnegative_fit(terms, [r["beyond_single_s"] for r in measured])
+    for r in measured:
+        r["fitted_beyond_single_s"] = float(np.dot(equation_terms(r), fit))
+    return {**dict(zip(FITTED, (float(x) for x in fit))), "runs": runs, "model": model, "dense_model": dense_model,
             "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
 
@@ -179,13 +209,15 @@ def main(argv):
     trips = measure_round_trips(FLAGS.cal_round_trips)
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
-    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_hosts, FLAGS.cal_few_hosts, FLAGS.cal_bandwidth,
-                              FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
+    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
+                              FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     for name, run in cpu["runs"].items():
-        where = f" on {run['hosts']} hosts, {run['ps_tasks']:.2f} PS task(s) in other processes, {run['received_bytes']:,.0f} B received" \
+        where = f" on {run['hosts']} hosts, {run['ps_tasks']:.2f} PS task(s) in other processes, " \
+            f"{run['received_bytes']:,.0f} B received, {run['ring_bytes']:,.0f} B by ring; beyond single-process " \
+            f"{run['beyond_single_s'] * 1000:.1f} ms, fitted {run['fitted_beyond_single_s'] * 1000:.1f}" \
             if "hosts" in run else ""
         each = " / ".join(f"{cpu_s * 1000:.1f}" for cpu_s in run["cpu_s_per_step_each"])
-        print(f"{name:>14}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank ({each}){where}", flush=True)
+        print(f"{name:>22}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank ({each}){where}", flush=True)
     got = calibration_lib.Calibration(
         **{k: cpu[k] for k in FITTED},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
