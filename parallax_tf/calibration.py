@@ -25,6 +25,8 @@ class Calibration:
     peer_cpu_s: float = 0.0
     master_cpu_s: float = 0.0
     task_cpu_s: float = 0.0036
+    # what a host's PS task spends per graph run it serves (a rank's partition of its step there)
+    serve_cpu_s: float = 0.0
     # per byte a rank receives by allgather or PS (deserialised, expanded, summed, applied), and
     # per byte of a dense gradient's ring AllReduce (copied and summed in place)
     received_cpu_s_per_byte: float = 0.0
@@ -43,7 +45,7 @@ REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s
 # files written before these existed lack them: 0 (some have gather_cpu_s_per_byte, an
 # allgather-only term that is ignored; before ring_cpu_s_per_byte the received term covered
 # ring bytes too, so an older file leaves them free: calibrate again)
-LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte", "ring_cpu_s_per_byte")
+LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte", "ring_cpu_s_per_byte", "serve_cpu_s")
 
 
 def path(flag_value: Optional[str] = None) -> str:

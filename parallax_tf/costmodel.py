@@ -54,6 +54,7 @@ class Cluster:
     task_cpu_s: float = _DEFAULTS.task_cpu_s
     peer_cpu_s: float = _DEFAULTS.peer_cpu_s
     master_cpu_s: float = _DEFAULTS.master_cpu_s
+    serve_cpu_s: float = _DEFAULTS.serve_cpu_s
     received_cpu_s_per_byte: float = _DEFAULTS.received_cpu_s_per_byte
     ring_cpu_s_per_byte: float = _DEFAULTS.ring_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
@@ -241,22 +242,17 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 2 * (N - 1) * (hop + cluster.rpc_overhead_s)
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
-    # a step takes at least its rank's CPU work; ranks sharing fewer cores (emulation) take turns
-    per_rank = compute_s + cluster.runtime_cpu + cluster.task_cpu_s * _ps_tasks(loads, choices, cluster) \
-        + cluster.received_cpu_s_per_byte * _mean_received(traffic, (GATHER, POINT), cluster) \
-        + cluster.ring_cpu_s_per_byte * _mean_received(traffic, (RING,), cluster) \
-        + (cluster.master_cpu_s if has_ps else 0.0)
-    cpu_bound = per_rank * cluster.cpu_turns
+    # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
+    # ranks sharing fewer cores (emulation) take turns
+    cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s)) * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound, collective_s=collective)
 
 
-def _ps_tasks(loads, choices, cluster) -> float:
-    """PS tasks in other processes a rank's graph runs on each step, the mean over ranks:
-    servers holding shards (round robin per variable from the least loaded), plus the global
-    step's, as the planner places them; each is its host's first rank's own worker task
-    (runtime.placement), so one rank in N runs it in-process."""
+def _ps_servers(loads, choices, cluster) -> set:
+    """Hosts whose PS task a rank's graph runs on each step: servers holding shards (round robin
+    per variable from the least loaded) and the global step's, as the planner places them."""
     load_by_server, used = [0] * cluster.hosts, set()
     for load in sorted(loads, key=lambda l: -l.bytes):
         choice = choices[load.name]
@@ -266,8 +262,33 @@ def _ps_tasks(loads, choices, cluster) -> float:
             server = min(range(cluster.hosts), key=lambda s: (load_by_server[s], s))
             load_by_server[server] += load.bytes // max(1, choice.partitions)
             used.add(server)
-    tasks = len(used | {0}) if used else 0
-    return tasks * (cluster.ranks - 1) / cluster.ranks
+    return used | {0} if used else set()
+
+
+# the calibrated CPU terms (tools.calibrate fits them) and the Cluster constant of each
+CPU_TERMS = {"runtime": "runtime_cpu_s", "peer": "peer_cpu_s", "master": "master_cpu_s", "task": "task_cpu_s",
+             "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte"}
+
+
+def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> List[Dict[str, float]]:
+    """Per host, what multiplies each CPU term in the step of its first rank: 1 (runtime),
+    the other ranks, 1 if the step runs through TF's gRPC master, the PS tasks in other
+    processes it runs a partition on (its host's own task is in its process: runtime.placement),
+    the graph runs its own PS task serves, and the bytes it receives by allgather or PS (the
+    pushes its task serves included) and by ring AllReduce."""
+    traffic, messages = _traffic(loads, choices, cluster)
+    servers, master = _ps_servers(loads, choices, cluster), float(runs_through_master(loads, choices))
+    L = cluster.ranks_per_host
+    return [{"runtime": 1.0, "peer": float(cluster.ranks - 1), "master": master,
+             "task": float(len(servers) - (host in servers)), "served": float(messages[host] if host in servers else 0),
+             "received": (traffic[GATHER][1][host] + traffic[POINT][1][host]) / L, "ring": traffic[RING][1][host] / L}
+            for host in range(cluster.hosts)]
+
+
+def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> List[float]:
+    """CPU per step of each host's first rank: its compute and the calibrated terms."""
+    return [compute_s + sum(getattr(cluster, CPU_TERMS[k]) * v for k, v in terms.items())
+            for terms in host_cpu_terms(loads, choices, cluster)]
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:

@@ -31,42 +31,40 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert all(data[k] >= 0 for k in CONSTANTS), data
     assert 1e-5 < data["rpc_overhead_s"] < 0.5 and data["message_overhead_s"] < 0.5
     runs = data["measured"]["cpu"]["runs"]
-    cpu = {name: run["cpu_s_per_step"] for name, run in runs.items()}
     # each run once here (--cal_repeats=1; the mean of repeats: test_repeated_runs_enter_as_their_mean)
     assert all(run["cpu_s_per_step_each"] == [run["cpu_s_per_step"]] for run in runs.values()), runs
-    # the mlp's one table: in 1 shard or 3, on 3 hosts or 2, or allgathered to 2 other ranks or 1;
-    # each PS task is in-process for one rank of N (the mean over ranks: tasks x (N - 1) / N);
-    # the CNN all AllReduce on 3 hosts or 2
-    assert {name: (run.get("model"), run.get("hosts"), run.get("ps_tasks")) for name, run in runs.items()} == {
-        "single": (None, None, None), "single_cnn": (None, None, None), "hybrid_1": ("mlp", 3, 2 / 3),
-        "hybrid_3": ("mlp", 3, 2.0), "hybrid_1_on_2": ("mlp", 2, 0.5), "allreduce": ("mlp", 3, 0),
-        "allreduce_on_2": ("mlp", 2, 0), "allreduce_cnn": ("cnn", 3, 0), "allreduce_cnn_on_2": ("cnn", 2, 0)}
-    received = {name: run.get("received_bytes") for name, run in runs.items()}
-    ring = {name: run.get("ring_bytes") for name, run in runs.items()}
+    assert {name: (run["model"], run["hosts"], len(run["cpu_s_per_step_by_rank"])) for name, run in runs.items()} == {
+        "hybrid_1": ("mlp", 3, 3), "hybrid_3": ("mlp", 3, 3), "hybrid_1_on_2": ("mlp", 2, 2),
+        "allreduce": ("mlp", 3, 3), "allreduce_on_2": ("mlp", 2, 2), "allreduce_cnn": ("cnn", 3, 3),
+        "allreduce_cnn_on_2": ("cnn", 2, 2)}
+    terms = {name: run["terms_by_rank"] for name, run in runs.items()}
+    # the mlp's one table in 1 shard: host 0's task (its rank's own process) serves every rank's
+    # step, the others run theirs there; in 3 shards every host serves 3 and runs 2 elsewhere
+    assert [(t["task"], t["served"], t["master"]) for t in terms["hybrid_1"]] == [(0, 3, 1), (1, 0, 1), (1, 0, 1)]
+    assert [(t["task"], t["served"]) for t in terms["hybrid_3"]] == [(2, 3)] * 3
+    assert [(t["task"], t["served"]) for t in terms["hybrid_1_on_2"]] == [(0, 2), (1, 0)]
+    assert all((t["task"], t["served"], t["master"]) == (0, 0, 0) for name in terms if name.startswith("allreduce")
+               for t in terms[name])
     # a rank receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
-    # the table by allgather, or (hybrid) its pulled rows and the pushes its PS serves
+    # the table by allgather, or (hybrid) its pulled rows and the pushes its host's task serves
     dense = {name: sum(v.bytes for v in capture(*make(), RunContext(), seed=0).variables if v.gradient == "dense")
              for name, make in (("mlp", _mlp), ("cnn", _cnn))}
     for name, run in runs.items():
-        if "hosts" in run:
-            ranks = run["hosts"]
-            assert ring[name] == pytest.approx(2 * (ranks - 1) / ranks * dense[run["model"]]), name
-    assert received["allreduce"] == pytest.approx(2 * received["allreduce_on_2"]) and received["allreduce_on_2"] > 0
-    assert received["allreduce_cnn"] == received["allreduce_cnn_on_2"] == 0
-    assert received["hybrid_1"] > 0 and received["hybrid_1_on_2"] > 0
-    assert all(seconds > 0 for seconds in cpu.values())
-    # every run: beyond its model's single-process CPU = runtime + peer (ranks - 1) + master (PS
-    # plans) + task tasks + received x its bytes + ring x its ring bytes, fitted by least squares
+        ranks = run["hosts"]
+        assert all(t["peer"] == ranks - 1 and t["runtime"] == 1 for t in terms[name])
+        assert all(t["ring"] == pytest.approx(2 * (ranks - 1) / ranks * dense[run["model"]]) for t in terms[name])
+    assert terms["allreduce_on_2"][0]["received"] > 0
+    assert all(t["received"] == pytest.approx(2 * terms["allreduce_on_2"][0]["received"]) for t in terms["allreduce"])
+    assert all(t["received"] == 0 for name in ("allreduce_cnn", "allreduce_cnn_on_2") for t in terms[name])
+    assert terms["hybrid_1"][0]["received"] > terms["hybrid_1"][1]["received"] > 0    # host 0 takes the pushes
+    # every rank: its CPU per step = its model's compute + each term's constant x its figure,
+    # the constants fitted by least squares over all ranks of all runs
     for name, run in runs.items():
-        if "hosts" not in run:
-            continue
-        single = cpu["single" if run["model"] == "mlp" else "single_cnn"]
-        assert run["beyond_single_s"] == pytest.approx(cpu[name] - single), name
-        master = 1 if name.startswith("hybrid") else 0
-        assert run["fitted_beyond_single_s"] == pytest.approx(
-            data["runtime_cpu_s"] + data["peer_cpu_s"] * (run["hosts"] - 1) + data["master_cpu_s"] * master
-            + data["task_cpu_s"] * run["ps_tasks"] + data["received_cpu_s_per_byte"] * received[name]
-            + data["ring_cpu_s_per_byte"] * ring[name], abs=1e-9), name
+        assert all(cpu > 0 for cpu in run["cpu_s_per_step_by_rank"]) and run["compute_s"] > 0
+        assert run["cpu_s_per_step"] == pytest.approx(np.mean(run["cpu_s_per_step_by_rank"]))
+        for t, fitted in zip(terms[name], run["fitted_cpu_s_by_rank"]):
+            assert fitted == pytest.approx(run["compute_s"] + sum(data[costmodel.CPU_TERMS[k]] * v for k, v in t.items()),
+                                           abs=1e-9), name
 
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
@@ -128,10 +126,11 @@ def test_shard_counts_follow_the_calibration_file():
 
 def test_repeated_runs_enter_as_their_mean():
     from tools import calibrate
-    got = calibrate.mean_of_repeats([{"cpu_s_per_step_per_rank": 0.010, "step_s": 0.030},
-                                     {"cpu_s_per_step_per_rank": 0.014, "step_s": 0.040}])
+    got = calibrate.mean_of_repeats([
+        {"cpu_s_per_step_per_rank": 0.010, "step_s": 0.030, "cpu_s_per_step_by_rank": [0.012, 0.008]},
+        {"cpu_s_per_step_per_rank": 0.014, "step_s": 0.040, "cpu_s_per_step_by_rank": [0.016, 0.012]}])
     assert got == {"cpu_s_per_step": pytest.approx(0.012), "cpu_s_per_step_each": [0.010, 0.014],
-                   "step_s": pytest.approx(0.035)}
+                   "cpu_s_per_step_by_rank": pytest.approx([0.014, 0.010]), "step_s": pytest.approx(0.035)}
 
 
 def test_missing_unreadable_and_negative_calibration_files(monkeypatch):

@@ -106,13 +106,21 @@ def test_collectives_add_to_the_step_and_ps_traffic_hides_under_the_cpu():
     got = costmodel.predict([dense, table], {"w": Choice("allreduce"), "emb": Choice("ps", 1)}, slow, 0.01)
     assert got.network_s > got.cpu_bound_s                               # now the PS transfer is longer
     assert got.step_s == pytest.approx(0.01 + got.network_s + got.collective_s)
-    # and each byte received costs CPU: the PS's at one rate, the ring's at its own
+    # and each byte received costs CPU: the PS's at one rate, the ring's at its own; the step
+    # waits for the busiest host's rank: host 0, whose task takes the other host's pushes
     costly = dataclasses.replace(cluster, received_cpu_s_per_byte=1e-6, ring_cpu_s_per_byte=1e-7)
     routes = {"w": Choice("allreduce"), "emb": Choice("ps", 1)}
-    received = costmodel.received_bytes([dense, table], routes, cluster)
-    assert costmodel.ring_bytes([dense, table], routes, cluster) == 10_000 and received > 0
+    terms = costmodel.host_cpu_terms([dense, table], routes, cluster)
+    assert [t["ring"] for t in terms] == [10_000, 10_000]
+    assert terms[0]["received"] > terms[1]["received"] > 0
+    assert costmodel.received_bytes([dense, table], routes, cluster) == pytest.approx(
+        (terms[0]["received"] + terms[1]["received"]) / 2)
     assert costmodel.predict([dense, table], routes, costly, 0.01).cpu_bound_s == \
-        pytest.approx(0.06 + 1e-6 * received + 1e-7 * 10_000)
+        pytest.approx(0.06 + 1e-6 * terms[0]["received"] + 1e-7 * 10_000)
+    # its task serves both ranks' steps; the other rank runs its step there
+    served = dataclasses.replace(cluster, serve_cpu_s=0.004, task_cpu_s=0.001)
+    assert [(t["served"], t["task"]) for t in terms] == [(2, 0), (0, 1)]
+    assert costmodel.host_cpu_s([dense, table], routes, served, 0.01) == pytest.approx([0.06 + 0.008, 0.06 + 0.001])
 
 
 def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():

@@ -74,6 +74,7 @@ def summarise(ranks) -> dict:
     reported = [r["reported_bytes_per_step"] for r in ranks if r["reported_bytes_per_step"] is not None]
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
+    by_rank = {r["rank"]: r.get("cpu_s_per_step") for r in ranks}
     by_route = {}
     for r in ranks:
         for route, n in (r.get("bytes_by_route") or {}).items():
@@ -87,6 +88,7 @@ def summarise(ranks) -> dict:
             "pool_threads": sorted({r.get("pool_threads") for r in ranks}, key=str),
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
+            "cpu_s_per_step_by_rank": [by_rank[r] for r in sorted(by_rank)],
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
             "bytes_per_step": wire, "packets_per_step": packets, "retransmitted_segments_per_step": retransmitted,
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,

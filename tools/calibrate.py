@@ -2,14 +2,16 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~9 minutes
+    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~12 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
   message_overhead_s   that PS process's CPU time per request it served (from /proc)
-  task_cpu_s           CPU per PS task in another process a rank's step runs on (the mean
-                       over ranks: costmodel._ps_tasks): hybrid on --cal_hosts emulated
-                       hosts with every table in 1 shard and in --cal_hosts shards
+  task_cpu_s           CPU per PS task in another process a rank's step runs on: hybrid on
+                       --cal_hosts emulated hosts with every table in 1 shard and in
+                       --cal_hosts shards (a host's own task is in its first rank's process)
+  serve_cpu_s          CPU per graph run a host's PS task serves (every rank's step runs one
+                       there): the same runs, ranks whose host serves a shard against the rest
   peer_cpu_s           CPU per step per other rank: the runs on --cal_few_hosts and --cal_hosts
   received_cpu_s_per_byte  per byte a rank receives by allgather or PS (pulls, and the pushes
                        its host serves): --strategy=allreduce (every sparse gradient
@@ -19,12 +21,13 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
-Each run: CPU per step per rank = its model's single-process CPU + runtime + peer x (ranks - 1)
-+ master (PS plans) + task x (PS tasks in other processes its step runs on) + received x
-(costmodel.received_bytes) + ring x (costmodel.ring_bytes). Seven runs, six terms: the least-
-squares fit with every term >= 0; each run's fitted figure is printed and kept beside its
-measured one. Every run is made --cal_repeats times and its mean CPU taken (runs of one plan
-differ by 10-20% here).
+Each rank of each run is one equation (costmodel.host_cpu_terms): its CPU per step = its
+model's compute (measured as the planner measures it) + runtime + peer x (ranks - 1) + master
+(PS plans) + task x (PS tasks in other processes) + served x (graph runs its host's task
+serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes). Seven
+runs give 38 equations in seven terms (8 and 2 hosts): the least-squares fit with every term
+>= 0; each rank's fitted figure is printed and kept beside its measured one. Every run is made
+--cal_repeats times and its mean CPU taken (runs of one plan differ by 10-20% here).
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -103,25 +106,22 @@ def measure_round_trips(count: int) -> dict:
         server.wait(timeout=30)
 
 
-FITTED = ("runtime_cpu_s", "peer_cpu_s", "master_cpu_s", "task_cpu_s", "received_cpu_s_per_byte",
-          "ring_cpu_s_per_byte")
-
-
-def equation_terms(run: dict) -> list:
-    """What multiplies each of FITTED in a run's equation."""
-    return [1.0, run["hosts"] - 1, run["master"], run["ps_tasks"], run["received_bytes"], run["ring_bytes"]]
+TERMS = tuple(costmodel.CPU_TERMS)                       # runtime, peer, master, task, served, received, ring
+FITTED = tuple(costmodel.CPU_TERMS.values())             # the Calibration field of each
 
 
 def mean_of_repeats(got: list) -> dict:
-    """CPU per step per rank and step time of repeated runs of one plan: each run's and the means."""
+    """CPU per step (the mean over ranks, and each rank's) and step time of repeated runs of one
+    plan: each run's and the means."""
     cpu = [one["cpu_s_per_step_per_rank"] for one in got]
     return {"cpu_s_per_step": float(np.mean(cpu)), "cpu_s_per_step_each": cpu,
+            "cpu_s_per_step_by_rank": np.mean([one["cpu_s_per_step_by_rank"] for one in got], axis=0).tolist(),
             "step_s": float(np.mean([one["step_s"] for one in got]))}
 
 
 def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
     """The least-squares solution of terms x = beyond with every x >= 0 (each term is a cost):
-    the best over every set of terms left free, the others 0 (six terms: 63 small solves)."""
+    the best over every set of terms left free, the others 0 (seven terms: 127 small solves)."""
     a, b = np.array(terms, dtype=float), np.array(beyond, dtype=float)
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
@@ -141,9 +141,9 @@ def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
 
 def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int,
                         warmup: int, repeats: int = 1) -> dict:
-    """The CPU constants (see the module's doc) from runs of `model` (single-process, three
-    hybrid, two allreduce) and of `dense_model` (single-process, two allreduce), each made
-    `repeats` times."""
+    """The CPU constants (see the module's doc) from runs of `model` (three hybrid, two
+    allreduce) and of `dense_model` (two allreduce), each made `repeats` times: one equation
+    per rank of each run."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
@@ -151,39 +151,30 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     if not 1 < few_hosts < hosts:
         raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
                          f"--cal_hosts={hosts}")
-    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed) for name in (model, dense_model)}
+    # the compute each rank's CPU is counted beyond: the planner's own measure of it
+    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=True)
+                for name in (model, dense_model)}
     if any(v.gradient == "sparse" for v in captured[dense_model].variables):
         raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "
                          "whose gradients are all dense (cnn)")
+    runs = {}
 
-    def repeated(what: str, strategy: str, on_hosts: int, of: str, extra_flags=()) -> dict:
-        """CPU per step per rank and step time of `repeats` runs: each run's and their means."""
-        got = []
-        for _ in range(repeats):
-            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", of, steps, warmup,
-                                     extra_flags=extra_flags)
-            if "error" in one:
-                raise SystemExit(f"tools.calibrate: {what} failed: {one['error']}")
-            got.append(one)
-        return mean_of_repeats(got)
-
-    singles = {name: repeated(f"the single-process run of {name}", "single", 1, name) for name in captured}
-    runs = {"single" if name == model else f"single_{name}": got for name, got in singles.items()}
-
-    def run(name: str, strategy: str, on_hosts: int, shards: int = 1, of: str = model) -> dict:
+    def run(name: str, strategy: str, on_hosts: int, shards: int = 1, of: str = model) -> None:
         loads = costmodel.loads_from(captured[of])
         plan = make_plan(captured[of], strategy, on_hosts, on_hosts, partitions=shards)
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
-        got = repeated(f"{strategy} of {of} on {on_hosts} hosts ({name})", strategy, on_hosts, of,
-                       [f"--partitions={shards}"] if strategy == "hybrid" else [])
-        cluster = costmodel.Cluster(on_hosts)
-        runs[name] = {"model": of, "hosts": on_hosts, "partitions": shards,
-                      "ps_tasks": costmodel._ps_tasks(loads, choices, cluster),
-                      "master": int(costmodel.runs_through_master(loads, choices)),
-                      "received_bytes": costmodel.received_bytes(loads, choices, cluster),
-                      "ring_bytes": costmodel.ring_bytes(loads, choices, cluster),
-                      "beyond_single_s": got["cpu_s_per_step"] - singles[of]["cpu_s_per_step"], **got}
-        return runs[name]
+        got = []
+        for _ in range(repeats):
+            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", of, steps, warmup,
+                                     extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
+            if "error" in one:
+                raise SystemExit(f"tools.calibrate: {strategy} of {of} on {on_hosts} hosts ({name}) failed: "
+                                 f"{one['error']}")
+            got.append(one)
+        # one rank per host: rank r is host r's first rank
+        terms = costmodel.host_cpu_terms(loads, choices, costmodel.Cluster(on_hosts))
+        runs[name] = {"model": of, "hosts": on_hosts, "partitions": shards, "compute_s": captured[of].compute_s,
+                      "terms_by_rank": terms, **mean_of_repeats(got)}
 
     run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
     run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
@@ -191,16 +182,18 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     run(f"allreduce_{dense_model}", "allreduce", hosts, of=dense_model)
     run(f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, of=dense_model)
 
-    # one equation per multi-rank run (module doc), more runs than terms: least squares
-    measured = [r for r in runs.values() if "hosts" in r]
-    terms = [equation_terms(r) for r in measured]
-    if np.linalg.matrix_rank(np.array(terms) / np.abs(np.array(terms)).max(axis=0).clip(min=1e-30)) < len(FITTED):
+    # one equation per rank (module doc), many more than terms: least squares
+    equations = [([terms[k] for k in TERMS], cpu - r["compute_s"])
+                 for r in runs.values() for terms, cpu in zip(r["terms_by_rank"], r["cpu_s_per_step_by_rank"])]
+    matrix = np.array([e[0] for e in equations])
+    if np.linalg.matrix_rank(matrix / np.abs(matrix).max(axis=0).clip(min=1e-30)) < len(TERMS):
         raise SystemExit(f"tools.calibrate: the runs on {few_hosts} and {hosts} hosts do not separate the CPU "
                          "terms (two of them move the same bytes, or --model has no dense or no sparse gradient); "
                          "calibrate with --model=lm --cal_dense_model=cnn")
-    fit = nonnegative_fit(terms, [r["beyond_single_s"] for r in measured])
-    for r in measured:
-        r["fitted_beyond_single_s"] = float(np.dot(equation_terms(r), fit))
+    fit = nonnegative_fit(matrix.tolist(), [e[1] for e in equations])
+    for r in runs.values():
+        r["fitted_cpu_s_by_rank"] = [r["compute_s"] + float(np.dot([t[k] for k in TERMS], fit))
+                                     for t in r["terms_by_rank"]]
     return {**dict(zip(FITTED, (float(x) for x in fit))), "runs": runs, "model": model, "dense_model": dense_model,
             "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
@@ -212,12 +205,11 @@ def main(argv):
     cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
                               FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     for name, run in cpu["runs"].items():
-        where = f" on {run['hosts']} hosts, {run['ps_tasks']:.2f} PS task(s) in other processes, " \
-            f"{run['received_bytes']:,.0f} B received, {run['ring_bytes']:,.0f} B by ring; beyond single-process " \
-            f"{run['beyond_single_s'] * 1000:.1f} ms, fitted {run['fitted_beyond_single_s'] * 1000:.1f}" \
-            if "hosts" in run else ""
         each = " / ".join(f"{cpu_s * 1000:.1f}" for cpu_s in run["cpu_s_per_step_each"])
-        print(f"{name:>22}: {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank ({each}){where}", flush=True)
+        ranks = " ".join(f"{measured * 1000:.1f}/{fitted * 1000:.1f}" for measured, fitted
+                         in zip(run["cpu_s_per_step_by_rank"], run["fitted_cpu_s_by_rank"]))
+        print(f"{name:>22}: {run['hosts']} hosts, {run['cpu_s_per_step'] * 1000:.1f} ms CPU per step per rank "
+              f"({each}; compute {run['compute_s'] * 1000:.1f}); by rank measured/fitted {ranks}", flush=True)
     got = calibration_lib.Calibration(
         **{k: cpu[k] for k in FITTED},
         message_overhead_s=trips["message_overhead_s"], rpc_overhead_s=trips["rpc_overhead_s"],
