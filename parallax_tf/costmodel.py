@@ -9,10 +9,14 @@ Per step, every host link carries (each direction, full duplex):
                                   receives/sends s/P of every other host's share (fan-in)
 The busiest link sets the network time, for collectives and for PS traffic apart; round trips
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
-single-device CPU time. A step also takes at least the CPU its rank spends (compute, runtime
-and more of it per other rank and through TF's gRPC master, each PS task in another process
-it runs on, each byte it receives by any route), stretched when more ranks than cores share a
-machine (as on an emulated cluster). The CPU and per-message constants come from tools.calibrate.
+single-device CPU time. A step also takes at least the CPU of the busiest host's rank
+(compute, runtime and more of it per other rank and through TF's gRPC master, each PS task in
+another process it runs on, each graph run its own host's PS task serves, each byte it
+receives: ring AllReduce bytes at their own rate), stretched when more ranks than cores share
+a machine (as on an emulated cluster). Measured on 8 emulated hosts (lm, hybrid, 1 Gbit): the
+three ranks whose hosts served shards spent 24-28 ms per step, the other five 16-17, and the
+step took the busiest one's CPU on its quota. The CPU and per-message constants come from
+tools.calibrate.
 
 How the parts add up: PS transfers are each rank's own and overlap with its CPU work (and
 with other ranks'), so they sit inside max(CPU bound, compute + PS network + server). A
@@ -134,8 +138,10 @@ def parse_delay(delay: str) -> float:
     return float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[match.group(2)]
 
 
-def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[float], List[float], List[int]]:
-    """(tx, rx) bytes per host and messages per server host for one variable in one step."""
+def host_traffic(load: Load, choice: Choice, cluster: Cluster,
+                 shard_hosts: Optional[List[int]] = None) -> Tuple[List[float], List[float], List[int]]:
+    """(tx, rx) bytes per host and messages per server host for one variable in one step; its
+    PS shards on `shard_hosts` (default: round robin from host 0)."""
     H, L, N = cluster.hosts, cluster.ranks_per_host, cluster.ranks
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
     if N == 1 or load.gradient == "none" or H == 1 and choice.route == ROUTE_ALLREDUCE:
@@ -147,9 +153,9 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster) -> Tuple[List[flo
             per_hop = 2 * (N - 1) / N * load.bytes
         return [per_hop] * H, [per_hop] * H, messages
     shards = max(1, choice.partitions)
-    served = [0] * H                               # shards per host, round robin
+    served = [0] * H                               # shards per host
     for shard in range(shards):
-        served[shard % H] += 1
+        served[shard_hosts[shard] if shard_hosts else shard % H] += 1
     if load.gradient == "sparse":
         # up: the host's gradient rows with their ids, and each rank's distinct ids to pull;
         # down: each rank's distinct rows (duplicates are expanded on the worker)
@@ -188,8 +194,9 @@ def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) ->
     H = cluster.hosts
     traffic = {kind: ([0.0] * H, [0.0] * H) for kind in (RING, GATHER, POINT)}
     messages = [0] * H
+    placed = shard_hosts(loads, choices, cluster)
     for load in loads:
-        t, r, m = host_traffic(load, choices[load.name], cluster)
+        t, r, m = host_traffic(load, choices[load.name], cluster, placed.get(load.name))
         kind = _kind(load, choices[load.name])
         tx, rx = traffic[kind]
         traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
@@ -250,18 +257,26 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
                       cpu_bound_s=cpu_bound, collective_s=collective)
 
 
-def _ps_servers(loads, choices, cluster) -> set:
-    """Hosts whose PS task a rank's graph runs on each step: servers holding shards (round robin
-    per variable from the least loaded) and the global step's, as the planner places them."""
-    load_by_server, used = [0] * cluster.hosts, set()
+def shard_hosts(loads, choices, cluster) -> Dict[str, List[int]]:
+    """The host of each PS shard, as the planner places them: the largest variables first, each
+    shard on the host holding the fewest bytes so far."""
+    load_by_server, placed = [0] * cluster.hosts, {}
     for load in sorted(loads, key=lambda l: -l.bytes):
         choice = choices[load.name]
         if choice.route != ROUTE_PS or load.gradient == "none":
             continue
+        placed[load.name] = []
         for _ in range(max(1, choice.partitions)):
             server = min(range(cluster.hosts), key=lambda s: (load_by_server[s], s))
             load_by_server[server] += load.bytes // max(1, choice.partitions)
-            used.add(server)
+            placed[load.name].append(server)
+    return placed
+
+
+def _ps_servers(loads, choices, cluster) -> set:
+    """Hosts whose PS task a rank's graph runs on each step: those holding shards, and the
+    global step's (host 0)."""
+    used = {host for hosts in shard_hosts(loads, choices, cluster).values() for host in hosts}
     return used | {0} if used else set()
 
 

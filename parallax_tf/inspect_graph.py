@@ -305,14 +305,15 @@ def _rows_touched(sess, groups, feeds, forward: set) -> Dict[str, tuple]:
     return {k: (int(v[0]), int(v[1])) for k, v in sess.run(fetches, feeds).items()} if fetches else {}
 
 
-def _time_step(sess, grads, feeds, repeats: int = 3) -> float:
+def _time_step(sess, grads, feeds, repeats: int = 7) -> float:
     """Median CPU seconds (this process, all threads) of one forward+backward pass on one batch
     (no update: values stay): what the cost model's CPU terms need (ranks sharing cores pay the
     CPU, not the wall time of a multi-threaded step), and unlike the wall time not inflated
     when the capturing rank waits for a CPU quota or beside other ranks."""
     import time
     tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    sess.run(tensors, feeds)
+    for _ in range(2):              # the first runs allocate and pick kernels
+        sess.run(tensors, feeds)
     times = []
     for _ in range(repeats):
         cpu_begin = time.process_time()
