@@ -31,6 +31,8 @@ class Calibration:
     # per byte of a dense gradient's ring AllReduce (copied and summed in place)
     received_cpu_s_per_byte: float = 0.0
     ring_cpu_s_per_byte: float = 0.0
+    # per byte of the dense variables a rank keeps a replica of (update, fusion buffer copies)
+    replica_cpu_s_per_byte: float = 0.0
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
     rpc_overhead_s: float = 1e-3
@@ -45,7 +47,8 @@ REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s
 # files written before these existed lack them: 0 (some have gather_cpu_s_per_byte, an
 # allgather-only term that is ignored; before ring_cpu_s_per_byte the received term covered
 # ring bytes too, so an older file leaves them free: calibrate again)
-LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte", "ring_cpu_s_per_byte", "serve_cpu_s")
+LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte", "ring_cpu_s_per_byte", "serve_cpu_s",
+         "replica_cpu_s_per_byte")
 
 
 def path(flag_value: Optional[str] = None) -> str:

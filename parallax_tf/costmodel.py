@@ -48,12 +48,9 @@ class Cluster:
     message_overhead_s: float = _DEFAULTS.message_overhead_s   # what a server spends per RPC it handles
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
-    # CPU one rank spends per step besides its compute (TF's executor and session, Horovod), more
-    # per other rank, through TF's gRPC master (plans with PS variables), per PS task its graph
-    # runs a partition on and per byte it receives (ring AllReduce bytes at their own rate): a
-    # step takes at least that
-    # CPU, times ranks / cores when ranks share cores. All these constants come from
-    # tools.calibrate.
+    # CPU one rank spends per step besides its compute (host_cpu_terms says what each multiplies):
+    # a step takes at least the busiest host's, times ranks / cores when ranks share cores. All
+    # these constants come from tools.calibrate.
     runtime_cpu_s: float = _DEFAULTS.runtime_cpu_s
     task_cpu_s: float = _DEFAULTS.task_cpu_s
     peer_cpu_s: float = _DEFAULTS.peer_cpu_s
@@ -61,6 +58,7 @@ class Cluster:
     serve_cpu_s: float = _DEFAULTS.serve_cpu_s
     received_cpu_s_per_byte: float = _DEFAULTS.received_cpu_s_per_byte
     ring_cpu_s_per_byte: float = _DEFAULTS.ring_cpu_s_per_byte
+    replica_cpu_s_per_byte: float = _DEFAULTS.replica_cpu_s_per_byte
     calibration: str = _DEFAULTS.source
 
     @classmethod
@@ -217,9 +215,8 @@ def received_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
 
 def ring_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
     """Bytes a rank receives per step by ring AllReduce of dense gradients, the mean over ranks:
-    gloo copies and sums them in place, cheaper per byte than the others (received_bytes).
-    Measured (cnn, its dense weights all AllReduce): ~3 ns/B where the lm's allgather and PS
-    bytes cost ~7 at one rate for both."""
+    gloo copies and sums them in place, at a CPU rate of their own (calibrated apart from
+    received_bytes' with a model whose gradients are all dense)."""
     return _mean_received(_traffic(loads, choices, cluster)[0], (RING,), cluster)
 
 
@@ -282,7 +279,8 @@ def _ps_servers(loads, choices, cluster) -> set:
 
 # the calibrated CPU terms (tools.calibrate fits them) and the Cluster constant of each
 CPU_TERMS = {"runtime": "runtime_cpu_s", "peer": "peer_cpu_s", "master": "master_cpu_s", "task": "task_cpu_s",
-             "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte"}
+             "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte",
+             "replica": "replica_cpu_s_per_byte"}
 
 
 def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> List[Dict[str, float]]:
@@ -290,14 +288,18 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     the other ranks, 1 if the step runs through TF's gRPC master, the PS tasks in other
     processes it runs a partition on (its host's own task is in its process: runtime.placement),
     the graph runs its own PS task serves, and the bytes it receives by allgather or PS (the
-    pushes its task serves included) and by ring AllReduce."""
+    pushes its task serves included) and by ring AllReduce, and the bytes of the dense
+    variables it keeps a replica of (it applies their update and copies their gradient into and
+    out of Horovod's fusion buffer, whatever the ranks: in the lm and cnn calibration runs the
+    CPU per ring byte fell from 2 ranks to 8, which one term per ring byte cannot fit)."""
     traffic, messages = _traffic(loads, choices, cluster)
     servers, master = _ps_servers(loads, choices, cluster), float(runs_through_master(loads, choices))
+    replicas = float(sum(l.bytes for l in loads if l.gradient == "dense" and choices[l.name].route == ROUTE_ALLREDUCE))
     L = cluster.ranks_per_host
     return [{"runtime": 1.0, "peer": float(cluster.ranks - 1), "master": master,
-             "task": float(len(servers) - (host in servers)), "served": float(messages[host] if host in servers else 0),
-             "received": (traffic[GATHER][1][host] + traffic[POINT][1][host]) / L, "ring": traffic[RING][1][host] / L}
-            for host in range(cluster.hosts)]
+             "task": float(len(servers) - (host in servers)), "served": float(messages[host]),
+             "received": (traffic[GATHER][1][host] + traffic[POINT][1][host]) / L, "ring": traffic[RING][1][host] / L,
+             "replica": replicas} for host in range(cluster.hosts)]
 
 
 def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> List[float]:

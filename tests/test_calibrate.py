@@ -66,6 +66,18 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
             assert fitted == pytest.approx(run["compute_s"] + sum(data[costmodel.CPU_TERMS[k]] * v for k, v in t.items()),
                                            abs=1e-9), name
 
+    # fitted again from the file's own runs (after a change to the model's terms): the same fit
+    refit = _run(["tools.calibrate", "--cal_refit", "--mlp_batch=32", "--cnn_conv_channels=4,8", "--cnn_fc_units=64",
+                  f"--calibration={path}"])
+    assert refit.returncode == 0, refit.stderr[-3000:]
+    again = json.load(open(path))
+    assert {k: again[k] for k in CONSTANTS} == pytest.approx({k: data[k] for k in CONSTANTS}, rel=1e-6, abs=1e-15)
+    other_sizes = _run(["tools.calibrate", "--cal_refit", f"--calibration={path}"])
+    assert other_sizes.returncode != 0 and "give the same model flags" in other_sizes.stderr
+    older = _write({"runtime_cpu_s": 0.01, "task_cpu_s": 0.0, "message_overhead_s": 0.0, "rpc_overhead_s": 0.0})
+    refused = _run(["tools.calibrate", "--cal_refit", f"--calibration={older}"])
+    assert refused.returncode != 0 and f"{older} holds no runs measured rank by rank" in refused.stderr
+
     got = calibration.load(path)
     assert got.constants() == {k: data[k] for k in CONSTANTS} and got.source == path
     from parallax_tf import api, flags
@@ -177,6 +189,8 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
         pytest.approx(0.001 * turns)
     assert cpu_bound(received_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * received * turns)
     assert cpu_bound(ring_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * ring * turns)
+    dense = sum(l.bytes for l in loads if l.gradient == "dense")          # every rank updates its replica
+    assert cpu_bound(replica_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * dense * turns)
 
     def routes(gather_cost):
         chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost), 0.001)

@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 from absl import app, flags
@@ -54,6 +55,8 @@ flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard h
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
 flags.DEFINE_string("cal_bandwidth", "1gbit", "Their link rate (fast: the runs measure CPU, not links).")
 flags.DEFINE_integer("cal_round_trips", 300, "PS round trips timed.")
+flags.DEFINE_bool("cal_refit", False, "Fit the constants again to the runs the calibration file's own "
+                  "tools.calibrate measured (after a change to the cost model's terms), measuring nothing.")
 flags.DEFINE_integer("cal_repeats", 2, "Times each run is made; its mean CPU per step enters the fit.", lower_bound=1)
 FLAGS = flags.FLAGS
 
@@ -121,7 +124,7 @@ def mean_of_repeats(got: list) -> dict:
 
 def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
     """The least-squares solution of terms x = beyond with every x >= 0 (each term is a cost):
-    the best over every set of terms left free, the others 0 (seven terms: 127 small solves)."""
+    the best over every set of terms left free, the others 0 (eight terms: 255 small solves)."""
     a, b = np.array(terms, dtype=float), np.array(beyond, dtype=float)
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
@@ -140,10 +143,11 @@ def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
 
 
 def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int,
-                        warmup: int, repeats: int = 1) -> dict:
+                        warmup: int, repeats: int = 1, measured: Optional[dict] = None) -> dict:
     """The CPU constants (see the module's doc) from runs of `model` (three hybrid, two
     allreduce) and of `dense_model` (two allreduce), each made `repeats` times: one equation
-    per rank of each run."""
+    per rank of each run. With `measured` (an earlier calibration's runs) their figures are
+    fitted again instead."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
@@ -152,7 +156,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
         raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
                          f"--cal_hosts={hosts}")
     # the compute each rank's CPU is counted beyond: the planner's own measure of it
-    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=True)
+    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=measured is None)
                 for name in (model, dense_model)}
     if any(v.gradient == "sparse" for v in captured[dense_model].variables):
         raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "
@@ -163,6 +167,10 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
         loads = costmodel.loads_from(captured[of])
         plan = make_plan(captured[of], strategy, on_hosts, on_hosts, partitions=shards)
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
+        terms = costmodel.host_cpu_terms(loads, choices, costmodel.Cluster(on_hosts))
+        if measured is not None:
+            runs[name] = {**measured[name], "terms_by_rank": terms}
+            return
         got = []
         for _ in range(repeats):
             one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", of, steps, warmup,
@@ -172,7 +180,6 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
                                  f"{one['error']}")
             got.append(one)
         # one rank per host: rank r is host r's first rank
-        terms = costmodel.host_cpu_terms(loads, choices, costmodel.Cluster(on_hosts))
         runs[name] = {"model": of, "hosts": on_hosts, "partitions": shards, "compute_s": captured[of].compute_s,
                       "terms_by_rank": terms, **mean_of_repeats(got)}
 
@@ -190,20 +197,45 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
         raise SystemExit(f"tools.calibrate: the runs on {few_hosts} and {hosts} hosts do not separate the CPU "
                          "terms (two of them move the same bytes, or --model has no dense or no sparse gradient); "
                          "calibrate with --model=lm --cal_dense_model=cnn")
-    fit = nonnegative_fit(matrix.tolist(), [e[1] for e in equations])
+    # each run weighs the same, whatever its ranks (8 equations of one 8-host run, 2 of a 2-host one)
+    weights = np.sqrt([1 / len(r["terms_by_rank"]) for r in runs.values() for _ in r["terms_by_rank"]])
+    fit = nonnegative_fit((matrix * weights[:, None]).tolist(), (np.array([e[1] for e in equations]) * weights).tolist())
     for r in runs.values():
         r["fitted_cpu_s_by_rank"] = [r["compute_s"] + float(np.dot([t[k] for k in TERMS], fit))
                                      for t in r["terms_by_rank"]]
     return {**dict(zip(FITTED, (float(x) for x in fit))), "runs": runs, "model": model, "dense_model": dense_model,
+            "model_flags": bench.model_flags(),
             "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
 
+def earlier_runs(where: str) -> dict:
+    """The round trips and runs an earlier tools.calibrate measured (for --cal_refit)."""
+    try:
+        with open(where) as f:
+            measured = json.load(f)["measured"]
+        cpu = measured["cpu"]
+        assert all("cpu_s_per_step_by_rank" in run for run in cpu["runs"].values())
+        return measured
+    except (OSError, ValueError, KeyError, AssertionError):
+        raise SystemExit(f"tools.calibrate --cal_refit: {where} holds no runs measured rank by rank; run "
+                         "python -m tools.calibrate without --cal_refit") from None
+
+
 def main(argv):
-    trips = measure_round_trips(FLAGS.cal_round_trips)
+    if FLAGS.cal_refit:
+        earlier = earlier_runs(calibration_lib.path(FLAGS.calibration))
+        trips, cpu = earlier["round_trips"], earlier["cpu"]
+        if cpu.get("model_flags") != bench.model_flags():
+            raise SystemExit(f"tools.calibrate --cal_refit: the runs were measured with {cpu.get('model_flags')}; "
+                             f"give the same model flags (now {bench.model_flags()})")
+        cpu = measure_runtime_cpu(cpu["model"], cpu["dense_model"], cpu["hosts"][1], cpu["hosts"][0], cpu["bandwidth"],
+                                  cpu["steps"], cpu["warmup"], cpu["repeats"], measured=cpu["runs"])
+    else:
+        trips = measure_round_trips(FLAGS.cal_round_trips)
+        cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
+                                  FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
-    cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
-                              FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
     for name, run in cpu["runs"].items():
         each = " / ".join(f"{cpu_s * 1000:.1f}" for cpu_s in run["cpu_s_per_step_each"])
         ranks = " ".join(f"{measured * 1000:.1f}/{fitted * 1000:.1f}" for measured, fitted
