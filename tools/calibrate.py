@@ -2,7 +2,7 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~12 minutes
+    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~13 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
@@ -16,7 +16,8 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   received_cpu_s_per_byte  per byte a rank receives by allgather or PS (pulls, and the pushes
                        its host serves): --strategy=allreduce (every sparse gradient
                        allgathered) and hybrid on both host counts
-  ring_cpu_s_per_byte  per byte a rank receives by ring AllReduce of dense gradients:
+  ring_cpu_s_per_byte  per byte a rank receives by ring AllReduce of dense gradients, and
+  replica_cpu_s_per_byte  per byte of the dense variables it updates (whatever the ranks):
                        --cal_dense_model (every gradient dense) on both host counts
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
@@ -24,10 +25,12 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 Each rank of each run is one equation (costmodel.host_cpu_terms): its CPU per step = its
 model's compute (measured as the planner measures it) + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks in other processes) + served x (graph runs its host's task
-serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes). Seven
-runs give 38 equations in seven terms (8 and 2 hosts): the least-squares fit with every term
->= 0; each rank's fitted figure is printed and kept beside its measured one. Every run is made
---cal_repeats times and its mean CPU taken (runs of one plan differ by 10-20% here).
+serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes) +
+replica x (bytes of its dense replicas). Seven runs give 38 equations in eight terms (8 and 2
+hosts): the least-squares fit with every term >= 0, each run weighing the same; each rank's
+fitted figure is printed and kept beside its measured one. Every run is made --cal_repeats
+times and its mean CPU taken (runs of one plan differ by 10-20% here). --cal_refit fits the
+runs a file holds again, measuring nothing.
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ from absl import app, flags
 from parallax_tf import calibration as calibration_lib
 from parallax_tf import costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibration, ...)
-from tools import bench  # noqa: F401  (also --host_cpus, --slow_hosts for its runs)
+from tools import bench  # (also --host_cpus, --slow_hosts for its runs)
 from tools import shared  # noqa: F401  (--model, --warmup)
 
 flags.DEFINE_string("cal_dense_model", "cnn", "A model whose gradients are all dense: its allreduce runs on both "
@@ -109,7 +112,7 @@ def measure_round_trips(count: int) -> dict:
         server.wait(timeout=30)
 
 
-TERMS = tuple(costmodel.CPU_TERMS)                       # runtime, peer, master, task, served, received, ring
+TERMS = tuple(costmodel.CPU_TERMS)                       # runtime, peer, ..., ring, replica
 FITTED = tuple(costmodel.CPU_TERMS.values())             # the Calibration field of each
 
 
