@@ -305,21 +305,27 @@ def _rows_touched(sess, groups, feeds, forward: set) -> Dict[str, tuple]:
     return {k: (int(v[0]), int(v[1])) for k, v in sess.run(fetches, feeds).items()} if fetches else {}
 
 
-def _time_step(sess, grads, feeds, repeats: int = 7) -> float:
+def _time_step(sess, grads, feeds, warmups: int = 2, repeats: int = 7) -> float:
     """Median CPU seconds (this process, all threads) of one forward+backward pass on one batch
     (no update: values stay): what the cost model's CPU terms need (ranks sharing cores pay the
     CPU, not the wall time of a multi-threaded step), and unlike the wall time not inflated
-    when the capturing rank waits for a CPU quota or beside other ranks."""
+    when the capturing rank waits for a CPU quota or beside other ranks. The first runs
+    allocate and pick kernels; a model's own tf.data pipeline with few batches may end sooner:
+    then what ran is timed (at least one batch)."""
     import time
     tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    for _ in range(2):              # the first runs allocate and pick kernels
-        sess.run(tensors, feeds)
     times = []
-    for _ in range(repeats):
+    for _ in range(warmups + repeats):
         cpu_begin = time.process_time()
-        sess.run(tensors, feeds)
+        try:
+            sess.run(tensors, feeds)
+        except tf.errors.OutOfRangeError:
+            if not times:
+                raise
+            break
         times.append(time.process_time() - cpu_begin)
-    return sorted(times)[len(times) // 2]
+    timed = times[warmups:] or times[-1:]
+    return sorted(timed)[len(timed) // 2]
 
 
 def _consumers(variable):

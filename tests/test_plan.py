@@ -202,3 +202,16 @@ def test_slim_dp_fractions_are_checked():
         ptf_flags.resolve(slim_core=0.9, slim_explore=0.2)
     with pytest.raises(ConfigError, match="--slim_period and --slim_refresh must be >= 1"):
         ptf_flags.resolve(slim_period=0)
+
+
+def test_timing_a_step_stops_where_a_models_own_dataset_ends():
+    """The planner times a few steps of the model in its own graph; a tf.data pipeline of the
+    model's with fewer batches than that is timed on the batches it has, not an error."""
+    def model_fn():
+        batches = tf.data.Dataset.from_tensor_slices(np.ones([3, 4, 2], np.float32))   # 3 batches
+        x = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        loss = tf.reduce_mean(tf.matmul(x, w) ** 2)
+        return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    got = capture(model_fn, None, RunContext(), seed=0, time_compute=True)
+    assert got.compute_s is not None and got.compute_s >= 0
