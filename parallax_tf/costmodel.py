@@ -186,9 +186,10 @@ def _kind(load: Load, choice: Choice) -> str:
     return GATHER if load.gradient == "sparse" else RING
 
 
-def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> Tuple[Dict[str, tuple], List[int]]:
-    """(tx, rx) per host by kind (ring AllReduce, allgather, PS), and the graph runs each server
-    host handles, summed over the variables."""
+def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> Tuple[Dict[str, tuple], List[int], set]:
+    """(tx, rx) per host by kind (ring AllReduce, allgather, PS), the graph runs each server host
+    handles, summed over the variables, and the hosts whose PS task a rank's graph runs on each
+    step: those holding shards, and the global step's (host 0)."""
     H = cluster.hosts
     traffic = {kind: ([0.0] * H, [0.0] * H) for kind in (RING, GATHER, POINT)}
     messages = [0] * H
@@ -199,7 +200,8 @@ def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) ->
         tx, rx = traffic[kind]
         traffic[kind] = ([a + b for a, b in zip(tx, t)], [a + b for a, b in zip(rx, r)])
         messages = [max(a, b) for a, b in zip(messages, m)]
-    return traffic, messages
+    servers = {host for hosts in placed.values() for host in hosts}
+    return traffic, messages, servers | {0} if servers else set()
 
 
 def _mean_received(traffic: Dict[str, tuple], kinds, cluster: Cluster) -> float:
@@ -228,7 +230,8 @@ def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
 
 def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> Prediction:
     H, N = cluster.hosts, cluster.ranks
-    traffic, messages = _traffic(loads, choices, cluster)
+    flows = _traffic(loads, choices, cluster)
+    traffic, messages, _ = flows
     has_ps = runs_through_master(loads, choices)
     has_ar = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "dense" for l in loads)
     has_allgather = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse" for l in loads)
@@ -248,7 +251,7 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
     # ranks sharing fewer cores (emulation) take turns
-    cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s)) * cluster.cpu_turns
+    cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s, flows)) * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound, collective_s=collective)
@@ -270,20 +273,14 @@ def shard_hosts(loads, choices, cluster) -> Dict[str, List[int]]:
     return placed
 
 
-def _ps_servers(loads, choices, cluster) -> set:
-    """Hosts whose PS task a rank's graph runs on each step: those holding shards, and the
-    global step's (host 0)."""
-    used = {host for hosts in shard_hosts(loads, choices, cluster).values() for host in hosts}
-    return used | {0} if used else set()
-
-
 # the calibrated CPU terms (tools.calibrate fits them) and the Cluster constant of each
 CPU_TERMS = {"runtime": "runtime_cpu_s", "peer": "peer_cpu_s", "master": "master_cpu_s", "task": "task_cpu_s",
              "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte",
              "replica": "replica_cpu_s_per_byte"}
 
 
-def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> List[Dict[str, float]]:
+def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster,
+                   flows: Optional[tuple] = None) -> List[Dict[str, float]]:
     """Per host, what multiplies each CPU term in the step of its first rank: 1 (runtime),
     the other ranks, 1 if the step runs through TF's gRPC master, the PS tasks in other
     processes it runs a partition on (its host's own task is in its process: runtime.placement),
@@ -292,8 +289,8 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     variables it keeps a replica of (it applies their update and copies their gradient into and
     out of Horovod's fusion buffer, whatever the ranks: in the lm and cnn calibration runs the
     CPU per ring byte fell from 2 ranks to 8, which one term per ring byte cannot fit)."""
-    traffic, messages = _traffic(loads, choices, cluster)
-    servers, master = _ps_servers(loads, choices, cluster), float(runs_through_master(loads, choices))
+    traffic, messages, servers = flows or _traffic(loads, choices, cluster)   # flows: predict's own
+    master = float(runs_through_master(loads, choices))
     replicas = float(sum(l.bytes for l in loads if l.gradient == "dense" and choices[l.name].route == ROUTE_ALLREDUCE))
     L = cluster.ranks_per_host
     return [{"runtime": 1.0, "peer": float(cluster.ranks - 1), "master": master,
@@ -302,10 +299,11 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
              "replica": replicas} for host in range(cluster.hosts)]
 
 
-def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float) -> List[float]:
+def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float,
+               flows: Optional[tuple] = None) -> List[float]:
     """CPU per step of each host's first rank: its compute and the calibrated terms."""
     return [compute_s + sum(getattr(cluster, CPU_TERMS[k]) * v for k, v in terms.items())
-            for terms in host_cpu_terms(loads, choices, cluster)]
+            for terms in host_cpu_terms(loads, choices, cluster, flows)]
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:
