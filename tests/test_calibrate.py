@@ -21,9 +21,10 @@ CONSTANTS = calibration.REQUIRED + calibration.LATER
 def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     path = os.path.join(tempfile.mkdtemp(), "calibration.json")
     # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
-    # separate the terms; with 8 ids both move the same bytes. A small CNN is the dense model.)
+    # separate the terms; with 8 ids both move the same bytes. A small CNN is the dense model,
+    # and a smaller one its second size.)
     proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_dense_model=cnn", "--cnn_conv_channels=4,8",
-                 "--cnn_fc_units=64", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
+                 "--cnn_fc_units=64", "--cal_small_dense=--cnn_fc_units=8", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
                  "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
@@ -36,7 +37,9 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert {name: (run["model"], run["hosts"], len(run["cpu_s_per_step_by_rank"])) for name, run in runs.items()} == {
         "hybrid_1": ("mlp", 3, 3), "hybrid_3": ("mlp", 3, 3), "hybrid_1_on_2": ("mlp", 2, 2),
         "allreduce": ("mlp", 3, 3), "allreduce_on_2": ("mlp", 2, 2), "allreduce_cnn": ("cnn", 3, 3),
-        "allreduce_cnn_on_2": ("cnn", 2, 2)}
+        "allreduce_cnn_on_2": ("cnn", 2, 2), "allreduce_cnn_small": ("cnn", 3, 3), "allreduce_cnn_small_on_2": ("cnn", 2, 2)}
+    assert {name: run["model_flags"] for name, run in runs.items() if run["model_flags"]} == {
+        "allreduce_cnn_small": ["--cnn_fc_units=8"], "allreduce_cnn_small_on_2": ["--cnn_fc_units=8"]}
     terms = {name: run["terms_by_rank"] for name, run in runs.items()}
     # the mlp's one table in 1 shard: host 0's task (its rank's own process) serves every rank's
     # step, the others run theirs there; in 3 shards every host serves 3 and runs 2 elsewhere
@@ -48,14 +51,16 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # a rank receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
     # the table by allgather, or (hybrid) its pulled rows and the pushes its host's task serves
     dense = {name: sum(v.bytes for v in capture(*make(), RunContext(), seed=0).variables if v.gradient == "dense")
-             for name, make in (("mlp", _mlp), ("cnn", _cnn))}
+             for name, make in (("mlp", _mlp), ("cnn", _cnn), ("cnn_small", lambda: _cnn(fc_units=[8])))}
+    assert dense["cnn_small"] < dense["cnn"]
     for name, run in runs.items():
-        ranks = run["hosts"]
+        ranks, model = run["hosts"], run["model"] + ("_small" if run["model_flags"] else "")
         assert all(t["peer"] == ranks - 1 and t["runtime"] == 1 for t in terms[name])
-        assert all(t["ring"] == pytest.approx(2 * (ranks - 1) / ranks * dense[run["model"]]) for t in terms[name])
+        assert all(t["ring"] == pytest.approx(2 * (ranks - 1) / ranks * dense[model]) for t in terms[name])
+        assert all(t["replica"] == dense[model] for t in terms[name])      # dense weights: AllReduce in all
     assert terms["allreduce_on_2"][0]["received"] > 0
     assert all(t["received"] == pytest.approx(2 * terms["allreduce_on_2"][0]["received"]) for t in terms["allreduce"])
-    assert all(t["received"] == 0 for name in ("allreduce_cnn", "allreduce_cnn_on_2") for t in terms[name])
+    assert all(t["received"] == 0 for name in terms if name.startswith("allreduce_cnn") for t in terms[name])
     assert terms["hybrid_1"][0]["received"] > terms["hybrid_1"][1]["received"] > 0    # host 0 takes the pushes
     # every rank: its CPU per step = its model's compute + each term's constant x its figure,
     # the constants fitted by least squares over all ranks of all runs
@@ -90,9 +95,9 @@ def _mlp():
     return mlp.make_model_fn(), mlp.make_input_fn()
 
 
-def _cnn():
+def _cnn(fc_units=(64,)):
     from models import cnn
-    return cnn.make_model_fn(conv_channels=[4, 8], fc_units=[64]), cnn.make_input_fn()
+    return cnn.make_model_fn(conv_channels=[4, 8], fc_units=list(fc_units)), cnn.make_input_fn()
 
 
 def test_the_fit_is_the_least_squares_one_with_no_negative_term():
@@ -198,3 +203,18 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task
     costly = routes(5e-8)          # ~8 ms of CPU for each large table's allgather does not
     assert (costly["embedding"], costly["softmax_w"]) == ("ps", "ps"), costly
+
+
+def test_a_model_captured_at_other_sizes_leaves_the_flags_as_they_were():
+    from absl import flags
+    from tools import shared
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()          # the defaults, as a tool started with no flags has them
+    given = list(flags.FLAGS.cnn_fc_units), flags.FLAGS["cnn_fc_units"].present
+    small = shared.capture_model("cnn", ["--cnn_conv_channels=4,8", "--cnn_fc_units=8"])
+    fc = [v for v in small.variables if list(v.shape) == [8, 10]]
+    assert len(fc) == 1, [v.shape for v in small.variables]      # the head: 8 units -> 10 classes
+    assert (list(flags.FLAGS.cnn_fc_units), flags.FLAGS["cnn_fc_units"].present) == given
+    assert flags.FLAGS.cnn_conv_channels == ["16", "32"]
+    with pytest.raises(SystemExit, match="give a model flag as --name=value"):
+        shared.capture_model("cnn", ["--cnn_fc_width=8"])

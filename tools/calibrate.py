@@ -18,7 +18,9 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
                        allgathered) and hybrid on both host counts
   ring_cpu_s_per_byte  per byte a rank receives by ring AllReduce of dense gradients, and
   replica_cpu_s_per_byte  per byte of the dense variables it updates (whatever the ranks):
-                       --cal_dense_model (every gradient dense) on both host counts
+                       --cal_dense_model (every gradient dense) on both host counts, at its
+                       own sizes and at --cal_small_dense's (a large dense model's CPU grows
+                       with the ranks, a small one's hardly: the peer term is not the ring's)
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
@@ -26,7 +28,7 @@ Each rank of each run is one equation (costmodel.host_cpu_terms): its CPU per st
 model's compute (measured as the planner measures it) + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks in other processes) + served x (graph runs its host's task
 serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes) +
-replica x (bytes of its dense replicas). Seven runs give 38 equations in eight terms (8 and 2
+replica x (bytes of its dense replicas). Nine runs give 48 equations in eight terms (8 and 2
 hosts): the least-squares fit with every term >= 0, each run weighing the same; each rank's
 fitted figure is printed and kept beside its measured one. Every run is made --cal_repeats
 times and its mean CPU taken (runs of one plan differ by 10-20% here). --cal_refit fits the
@@ -40,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from absl import app, flags
@@ -53,6 +55,9 @@ from tools import shared  # noqa: F401  (--model, --warmup)
 
 flags.DEFINE_string("cal_dense_model", "cnn", "A model whose gradients are all dense: its allreduce runs on both "
                     "host counts separate the ring AllReduce's CPU per byte from the other bytes'.")
+flags.DEFINE_string("cal_small_dense", "--cnn_fc_units=256,256", "Flags of a smaller --cal_dense_model, run too on "
+                    "both host counts (space-separated; empty: not run): a dense model's CPU grows with its ranks "
+                    "when it is large and not when it is small, which only runs of both sizes tell apart.")
 flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the 1- and N-shard hybrid runs and an allreduce run.")
 flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard hybrid run and allreduce run, "
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
@@ -153,21 +158,24 @@ def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
 
 
 def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int,
-                        warmup: int, repeats: int = 1, measured: Optional[dict] = None) -> dict:
+                        warmup: int, repeats: int = 1, measured: Optional[dict] = None,
+                        small_dense: Sequence[str] = ()) -> dict:
     """The CPU constants (see the module's doc) from runs of `model` (three hybrid, two
-    allreduce) and of `dense_model` (two allreduce), each made `repeats` times: one equation
-    per rank of each run. With `measured` (an earlier calibration's runs) their figures are
-    fitted again instead."""
-    from parallax_tf.inspect_graph import capture
-    from parallax_tf.model import RunContext
+    allreduce) and of `dense_model` (two allreduce, and two more at the sizes `small_dense`
+    gives when it is not empty), each made `repeats` times: one equation per rank of each run.
+    With `measured` (an earlier calibration's runs) their figures are fitted again instead."""
     from parallax_tf.planner import make_plan
-    from tools.shared import model_and_input
+    from tools.shared import capture_model
     if not 1 < few_hosts < hosts:
         raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
                          f"--cal_hosts={hosts}")
-    # the compute each rank's CPU is counted beyond: the planner's own measure of it
-    captured = {name: capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=measured is None)
-                for name in (model, dense_model)}
+    # what each run's label stands for: a reference model and the flags of its sizes; the
+    # compute each rank's CPU is counted beyond is the planner's own measure of it
+    models = {model: (model, ()), dense_model: (dense_model, ())}
+    if small_dense:
+        models[f"{dense_model}_small"] = (dense_model, tuple(small_dense))
+    captured = {label: capture_model(name, given, time_compute=measured is None)
+                for label, (name, given) in models.items()}
     if any(v.gradient == "sparse" for v in captured[dense_model].variables):
         raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "
                          "whose gradients are all dense (cnn)")
@@ -183,21 +191,26 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
             return
         got = []
         for _ in range(repeats):
-            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", of, steps, warmup,
-                                     extra_flags=[f"--partitions={shards}"] if strategy == "hybrid" else [])
+            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", models[of][0], steps, warmup,
+                                     extra_flags=list(models[of][1]) + ([f"--partitions={shards}"]
+                                                                    if strategy == "hybrid" else []))
             if "error" in one:
                 raise SystemExit(f"tools.calibrate: {strategy} of {of} on {on_hosts} hosts ({name}) failed: "
                                  f"{one['error']}")
             got.append(one)
         # one rank per host: rank r is host r's first rank
-        runs[name] = {"model": of, "hosts": on_hosts, "partitions": shards, "compute_s": captured[of].compute_s,
-                      "terms_by_rank": terms, **mean_of_repeats(got)}
+        runs[name] = {"model": models[of][0], "model_flags": list(models[of][1]), "hosts": on_hosts,
+                      "partitions": shards, "compute_s": captured[of].compute_s, "terms_by_rank": terms,
+                      **mean_of_repeats(got)}
 
     run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
     run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
     run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce", few_hosts)
     run(f"allreduce_{dense_model}", "allreduce", hosts, of=dense_model)
     run(f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, of=dense_model)
+    if small_dense:
+        run(f"allreduce_{dense_model}_small", "allreduce", hosts, of=f"{dense_model}_small")
+        run(f"allreduce_{dense_model}_small_on_{few_hosts}", "allreduce", few_hosts, of=f"{dense_model}_small")
 
     # one equation per rank (module doc), many more than terms: least squares
     equations = [([terms[k] for k in TERMS], cpu - r["compute_s"])
@@ -214,7 +227,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
         r["fitted_cpu_s_by_rank"] = [r["compute_s"] + float(np.dot([t[k] for k in TERMS], fit))
                                      for t in r["terms_by_rank"]]
     return {**dict(zip(FITTED, (float(x) for x in fit))), "runs": runs, "model": model, "dense_model": dense_model,
-            "model_flags": bench.model_flags(),
+            "model_flags": bench.model_flags(), "small_dense": list(small_dense),
             "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
 
@@ -240,11 +253,13 @@ def main(argv):
             raise SystemExit(f"tools.calibrate --cal_refit: the runs were measured with {cpu.get('model_flags')}; "
                              f"give the same model flags (now {bench.model_flags()})")
         cpu = measure_runtime_cpu(cpu["model"], cpu["dense_model"], cpu["hosts"][1], cpu["hosts"][0], cpu["bandwidth"],
-                                  cpu["steps"], cpu["warmup"], cpu["repeats"], measured=cpu["runs"])
+                                  cpu["steps"], cpu["warmup"], cpu["repeats"], measured=cpu["runs"],
+                                  small_dense=cpu.get("small_dense", ()))
     else:
         trips = measure_round_trips(FLAGS.cal_round_trips)
         cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
-                                  FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats)
+                                  FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats,
+                                  small_dense=FLAGS.cal_small_dense.split())
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
     for name, run in cpu["runs"].items():

@@ -1,4 +1,8 @@
-"""Flags and helpers shared by tools.bench, tools.bench_job, tools.simulate and tools.validate."""
+"""Flags and helpers shared by tools.bench, tools.bench_job, tools.simulate, tools.validate,
+tools.sweep and tools.calibrate."""
+import contextlib
+from typing import Sequence
+
 from absl import flags
 
 import models.cnn  # noqa: F401,E402  (the reference models' flags: --cnn_fc_units, --lm_vocab, ...)
@@ -7,9 +11,40 @@ import models.mlp  # noqa: F401,E402
 
 flags.DEFINE_string("model", "lm", "Reference model: lm | cnn | mlp.")
 flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
+FLAGS = flags.FLAGS
 
 
 def model_and_input(name: str):
     """model_fn and input_fn of a reference model with the sizes its flags give (--cnn_fc_units, ...)."""
     module = __import__(f"models.{name}", fromlist=["from_flags"])
     return module.from_flags()
+
+
+@contextlib.contextmanager
+def sizes(model_flags: Sequence[str]):
+    """Inside the block, the reference models' flags as `model_flags` give them
+    (["--cnn_fc_units=256,256"]); after it, as they were (so the flags a tool passes on to its
+    jobs stay the user's)."""
+    parsed = []
+    for given in model_flags:
+        name, _, value = given.lstrip("-").partition("=")
+        if name not in FLAGS or not value:
+            raise SystemExit(f"{given!r}: give a model flag as --name=value (e.g. --cnn_fc_units=256,256)")
+        parsed.append((name, value))
+    saved = {name: (FLAGS[name].value, FLAGS[name].present) for name, _ in parsed}
+    try:
+        for name, value in parsed:
+            FLAGS[name].parse(value)
+        yield
+    finally:
+        for name, (value, present) in saved.items():
+            FLAGS[name].value, FLAGS[name].present = value, present
+
+
+def capture_model(name: str, model_flags: Sequence[str] = (), time_compute: bool = False):
+    """The reference model `name` captured (parallax_tf.inspect_graph) at the sizes its flags and
+    `model_flags` give."""
+    from parallax_tf.inspect_graph import capture
+    from parallax_tf.model import RunContext
+    with sizes(model_flags):
+        return capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=time_compute)

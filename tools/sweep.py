@@ -40,12 +40,8 @@ PREDICTED = ("auto", "hybrid", "horovod")     # what the cost model describes (h
 @functools.lru_cache(maxsize=None)
 def _captured(model: str):
     """The model at the sweep's sizes, captured with a timed step (once per model)."""
-    from parallax_tf.inspect_graph import capture
-    from parallax_tf.model import RunContext
-    from tools.shared import model_and_input
-    FLAGS([sys.argv[0]] + MODEL_FLAGS[model], known_only=True)
-    model_fn, input_fn = model_and_input(model)
-    return capture(model_fn, input_fn, RunContext(), FLAGS.seed, time_compute=True)
+    from tools.shared import capture_model
+    return capture_model(model, MODEL_FLAGS[model], time_compute=True)
 
 
 def predictions(model: str, hosts: int, link: str) -> dict:
