@@ -2,7 +2,7 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~13 minutes
+    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~18 minutes
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
