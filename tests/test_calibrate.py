@@ -24,8 +24,8 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # separate the terms; with 8 ids both move the same bytes. A small CNN is the dense model,
     # and a smaller one its second size.)
     proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_dense_model=cnn", "--cnn_conv_channels=4,8",
-                 "--cnn_fc_units=64", "--cal_small_dense=--cnn_fc_units=8", "--cal_hosts=3", "--cal_few_hosts=2", "--steps=8", "--warmup=2",
-                 "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
+                 "--cnn_fc_units=64", "--cal_small_dense=--cnn_fc_units=8", "--cal_hosts=3", "--cal_few_hosts=2",
+                 "--steps=8", "--warmup=2", "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
     data = json.load(open(path))
@@ -37,7 +37,8 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert {name: (run["model"], run["hosts"], len(run["cpu_s_per_step_by_rank"])) for name, run in runs.items()} == {
         "hybrid_1": ("mlp", 3, 3), "hybrid_3": ("mlp", 3, 3), "hybrid_1_on_2": ("mlp", 2, 2),
         "allreduce": ("mlp", 3, 3), "allreduce_on_2": ("mlp", 2, 2), "allreduce_cnn": ("cnn", 3, 3),
-        "allreduce_cnn_on_2": ("cnn", 2, 2), "allreduce_cnn_small": ("cnn", 3, 3), "allreduce_cnn_small_on_2": ("cnn", 2, 2)}
+        "allreduce_cnn_on_2": ("cnn", 2, 2), "allreduce_cnn_small": ("cnn", 3, 3),
+        "allreduce_cnn_small_on_2": ("cnn", 2, 2)}
     assert {name: run["model_flags"] for name, run in runs.items() if run["model_flags"]} == {
         "allreduce_cnn_small": ["--cnn_fc_units=8"], "allreduce_cnn_small_on_2": ["--cnn_fc_units=8"]}
     terms = {name: run["terms_by_rank"] for name, run in runs.items()}
