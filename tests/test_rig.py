@@ -308,3 +308,12 @@ def test_flows_split_the_wire_bytes_by_kind_and_each_carries_its_route():
         assert 0.93 <= ratio <= most, (which, routes, ratio)     # 0.93: a step or two of jitter
     assert 0 < kinds["gRPC requests"]["bytes_sent"] < 0.1 * kinds["TF answers"]["bytes_sent"]
     assert re.search(r"^headers \(est\.\)\s+[\d.]+ KB: on the wire [\d.]+ KB per step per rank", proc.stdout, re.M)
+
+
+def test_a_run_whose_ranks_wrote_no_figures_is_an_error_not_a_crash(monkeypatch):
+    from tools import bench
+    monkeypatch.setattr(bench.cluster, "run", lambda *_, **__: 0)       # the launcher says 0, no rank wrote
+    monkeypatch.setattr(bench, "model_flags", lambda: [])
+    monkeypatch.setattr(bench, "FLAGS", type("Flags", (), {"host_cpus": "off", "slow_hosts": []})())
+    got = bench.run_strategy("hybrid", 2, 1, "1gbit", "0ms", "lm", 5, 1)
+    assert got == {"error": "exit status 0 but 0 of 2 ranks wrote their figures"}
