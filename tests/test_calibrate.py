@@ -219,3 +219,6 @@ def test_a_model_captured_at_other_sizes_leaves_the_flags_as_they_were():
     assert flags.FLAGS.cnn_conv_channels == ["16", "32"]
     with pytest.raises(SystemExit, match="give a model flag as --name=value"):
         shared.capture_model("cnn", ["--cnn_fc_width=8"])
+    with pytest.raises(SystemExit, match="--cnn_batch=x: "):
+        shared.capture_model("cnn", ["--cnn_batch=x"])
+    assert flags.FLAGS.cnn_batch == 32

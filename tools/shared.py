@@ -21,7 +21,7 @@ def model_and_input(name: str):
 
 
 @contextlib.contextmanager
-def sizes(model_flags: Sequence[str]):
+def model_sizes(model_flags: Sequence[str]):
     """Inside the block, the reference models' flags as `model_flags` give them
     (["--cnn_fc_units=256,256"]); after it, as they were (so the flags a tool passes on to its
     jobs stay the user's)."""
@@ -34,7 +34,10 @@ def sizes(model_flags: Sequence[str]):
     saved = {name: (FLAGS[name].value, FLAGS[name].present) for name, _ in parsed}
     try:
         for name, value in parsed:
-            FLAGS[name].parse(value)
+            try:
+                FLAGS[name].parse(value)
+            except flags.Error as err:
+                raise SystemExit(f"--{name}={value}: {err}") from None
         yield
     finally:
         for name, (value, present) in saved.items():
@@ -46,5 +49,5 @@ def capture_model(name: str, model_flags: Sequence[str] = (), time_compute: bool
     `model_flags` give."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
-    with sizes(model_flags):
+    with model_sizes(model_flags):
         return capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=time_compute)
