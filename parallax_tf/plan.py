@@ -89,6 +89,9 @@ class LayerSplit:
     groups: List[List[int]]     # per FC node, in fc_ranks order: the conv ranks it serves
     cut: List[CutTensor]
     microbatches: int = 1       # each conv node's batch crosses the cut in this many pieces
+    # conv nodes send their activations one at a time (one collective per position in a group),
+    # so an FC node's port never takes a whole group's at once (TCP incast)
+    staggered: bool = False
 
     def group_of(self, rank: int) -> List[int]:
         """The conv ranks of the group `rank` belongs to, its FC node last."""
@@ -213,7 +216,8 @@ class Plan:
         split = self.split
         lines = [f"FC nodes {split.fc_ranks}, conv nodes {split.conv_ranks}; "
                  + "; ".join(f"rank {fc} serves {group}" for fc, group in zip(split.fc_ranks, split.groups))
-                 + (f"; {split.microbatches} micro-batches per step" if split.microbatches > 1 else "")]
+                 + (f"; {split.microbatches} micro-batches per step" if split.microbatches > 1 else "")
+                 + ("; conv nodes send one at a time (staggered)" if split.staggered else "")]
         for t in split.cut:
             per = "per step, sent by one conv node" if t.kind == "replicated" else "per example"
             lines.append(f"cut: {t.name} [{'x'.join(map(str, t.shape)) or 'scalar'}] {t.dtype} "

@@ -99,7 +99,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                 pipeline=pipeline)
 
 
-def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1) -> LayerSplit:
+def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1,
+                staggered: bool = False) -> LayerSplit:
     """Stanza: the last `fc_nodes` ranks train the FC head; the others (conv nodes) are split
     into as even contiguous groups, one per FC node."""
     if capture.head is None:
@@ -125,7 +126,7 @@ def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatche
     bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
     return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)),
                       groups=[conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)],
-                      cut=list(capture.head.cut), microbatches=microbatches)
+                      cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered)
 
 
 # the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute

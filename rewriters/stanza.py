@@ -107,6 +107,16 @@ class _Side:
         self.extractor = {n: p for n, p in rebuilt.parts.items() if n not in head}
         self.head_parts = {n: p for n, p in rebuilt.parts.items() if n in head}
         self.targets: List[tf.Operation] = []
+        self.turn = self.group.index(request.topology.rank)   # a conv node's position in its group
+
+    def _turns(self, spec) -> list:
+        """The forward collectives of one cut tensor: one for all conv nodes (None), or, staggered,
+        one per position in a group, where the k-th conv node of every group sends. Horovod runs
+        them one after another, and gloo writes a message only once its receiver has posted the
+        receive, so an FC node takes one conv node's activations at a time."""
+        if spec.kind == REPLICATED or not self.split.staggered:
+            return [None]
+        return list(range(max(len(g) for g in self.split.groups)))
 
     def _batch(self, rows) -> tf.Tensor:
         """The global batch: conv nodes' rows summed (FC nodes add 0)."""
@@ -160,9 +170,11 @@ class _ConvSide(_Side):
                     piece = tf.expand_dims(tensor, 0) if first else exchange.empty(per, tensor.dtype)
                 else:
                     tensor = piece = tensors[spec.name]
-                out, _ = hvd.alltoall(piece, splits=exchange.splits_to(fc, tf.shape(piece)[0], self.size),
-                                      name=_name("forward", i, m))
-                self.targets.append(out.op)
+                for turn in self._turns(spec):      # empty in the other conv nodes' turns
+                    mine = piece if turn in (None, self.turn) else exchange.empty(per, tensor.dtype)
+                    out, _ = hvd.alltoall(mine, splits=exchange.splits_to(fc, tf.shape(mine)[0], self.size),
+                                          name=_name("forward", i, m, turn))
+                    self.targets.append(out.op)
                 moved.append(tensor_bytes(piece))
                 sent.append(moved[-1])
                 if spec.kind == DATA:
@@ -248,8 +260,11 @@ class _FCSide(_Side):
                     got.append(received[0][i])
                     continue
                 per = list(tensor.shape) if spec.kind == REPLICATED else list(tensor.shape[1:])
-                value, rows = hvd.alltoall(exchange.empty(per, tensor.dtype), splits=exchange.nothing(self.size),
-                                           name=_name("forward", i, m))
+                pieces = [hvd.alltoall(exchange.empty(per, tensor.dtype), splits=exchange.nothing(self.size),
+                                       name=_name("forward", i, m, turn)) for turn in self._turns(spec)]
+                # the turns go in group order, the group in rank order: as one alltoall concatenates
+                value = tf.concat([v for v, _ in pieces], 0) if len(pieces) > 1 else pieces[0][0]
+                rows = tf.add_n([r for _, r in pieces])
                 got.append((spec, tf.reshape(value, tensor.shape) if spec.kind == REPLICATED else value, rows))
                 moved.append(tensor_bytes(value))
             if m == 0:        # the model's own head reads the first micro-batch
@@ -328,8 +343,9 @@ def _ops_of(grad) -> list:
     return [grad.values.op, grad.indices.op] if isinstance(grad, tf.IndexedSlices) else [grad.op]
 
 
-def _name(direction: str, index: int, micro: int) -> str:
-    return f"parallax_stanza_{direction}_{index}" + (f"_{micro}" if micro else "")
+def _name(direction: str, index: int, micro: int, turn=None) -> str:
+    return f"parallax_stanza_{direction}_{index}" + (f"_{micro}" if micro else "") + \
+        (f"_turn{turn}" if turn is not None else "")
 
 
 def _batch_inputs(tensors) -> list:

@@ -27,11 +27,12 @@ MICRO_CASES = [c for c in CASES if cases.CASE_BY_NAME[c][1] not in cases.PER_RAN
 
 
 @functools.lru_cache(maxsize=None)
-def run_cases(size: int, fc_nodes: int, microbatches: int = 1) -> str:
-    out = tempfile.mkdtemp(prefix=f"ptf-stanza-{size}-{fc_nodes}-{microbatches}-")
+def run_cases(size: int, fc_nodes: int, microbatches: int = 1, staggered: bool = False) -> str:
+    out = tempfile.mkdtemp(prefix=f"ptf-stanza-{size}-{fc_nodes}-{microbatches}-{int(staggered)}-")
     names = CASES if microbatches == 1 else MICRO_CASES
     proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", out, "stanza", *names, f"--fc_nodes={fc_nodes}",
-                                   f"--stanza_microbatches={microbatches}"])
+                                   f"--stanza_microbatches={microbatches}",
+                                   "--stanza_staggered" if staggered else "--nostanza_staggered"])
     assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
     return out
 
@@ -67,6 +68,14 @@ def test_two_ranks_train_on_the_one_conv_node_batch(name):
 @pytest.mark.parametrize("name", CASES)
 def test_two_fc_nodes_each_serving_a_group(name):
     check(run_cases(5, 2), name, 5, 3)          # groups [0, 1] -> 3 and [2] -> 4: unequal shares
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_staggered_sends_give_the_same_step(name):
+    # one collective per position in a group: the second turn has a sender in group [0, 1] only
+    out = run_cases(5, 2, staggered=True)
+    check(out, name, 5, 3)
+    assert Plan.from_json(str(np.load(os.path.join(out, f"{name}.rank0.npz"))["plan"])).split.staggered
 
 
 @pytest.mark.parametrize("name", MICRO_CASES)

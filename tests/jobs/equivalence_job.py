@@ -22,6 +22,7 @@ def main(out_dir, strategy, names):
         layouts = {v.name: v.layout for v in result.plan.variables}
         np.savez(os.path.join(out_dir, f"{name}.rank{hvd.rank()}.npz"), losses=np.array(result.losses),
                  global_step=result.global_step, layouts=repr(layouts), route_bytes=json.dumps(result.bytes_per_step),
+                 plan=result.plan.to_json(),
                  **arrays)
 
 
