@@ -35,6 +35,9 @@ from parallax_tf.calibration import Calibration, load as load_calibration
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 
 _DEFAULTS = Calibration()
+# what a switch port queues, in seconds of its link's rate: tools.netns's emulated links queue
+# this much (its QUEUE_S); a real switch's buffer is its own figure
+PORT_QUEUE_S = 0.2
 
 INDEX_BYTES = 8
 
@@ -45,6 +48,8 @@ class Cluster:
     ranks_per_host: int = 1
     bandwidth_bytes_per_s: float = 100e6 / 8
     delay_s: float = 0.0                 # one way, per link
+    # what a port queues before it drops, in seconds of its link's rate (the rig's tbf queues)
+    port_queue_s: float = PORT_QUEUE_S
     message_overhead_s: float = _DEFAULTS.message_overhead_s   # what a server spends per RPC it handles
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each

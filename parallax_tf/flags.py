@@ -65,9 +65,9 @@ flags.DEFINE_bool("auto_stanza", False, "auto may choose stanza when the cost mo
 flags.DEFINE_integer("fc_nodes", 1, "stanza: how many of the last ranks train the FC head (FC nodes).")
 flags.DEFINE_integer("stanza_microbatches", 1, "stanza: each conv node's batch crosses to its FC node in this many "
                      "pieces, so FC round trips overlap conv work.")
-flags.DEFINE_bool("stanza_staggered", False, "stanza: the conv nodes of a group send their activations to its FC "
-                  "node one after another, not all at once (on slow links their arrival together overflows the FC "
-                  "node's port queue: TCP incast).")
+flags.DEFINE_enum("stanza_sends", "auto", ["auto", "together", "staggered"], "stanza: a group's conv nodes send "
+                  "their activations to its FC node (and get their gradients back) all at once, or one after "
+                  "another; auto: staggered where together they would overflow the FC node's port (TCP incast).")
 flags.DEFINE_integer("stages", None, "dsp: pipeline stages K (default: every rank, one pipeline).")
 flags.DEFINE_integer("dsp_replicas", 1, "dsp: pipelines side by side R (ranks = K x R), data parallel across them.")
 flags.DEFINE_list("dsp_cuts", [], "dsp: the K-1 tensors where stages 1..K-1 begin (default: the planner balances "
@@ -117,7 +117,7 @@ class Options:
     auto_stanza: bool
     fc_nodes: int
     stanza_microbatches: int
-    stanza_staggered: bool
+    stanza_sends: str
     stages: Optional[int]
     dsp_replicas: int
     dsp_cuts: list
@@ -131,7 +131,7 @@ class Options:
                 ROUTE_STAGE: {"stages": self.stages, "replicas": self.dsp_replicas, "cuts": list(self.dsp_cuts),
                               "grad_scale": self.dsp_grad_scale, "schedule": self.dsp_schedule},
                 ROUTE_FC_NODE: {"fc_nodes": self.fc_nodes, "microbatches": self.stanza_microbatches,
-                                "staggered": self.stanza_staggered}}
+                                "sends": self.stanza_sends}}
 
     def ps_plus(self) -> dict:
         rule, gamma = parse_staleness_lr(self.staleness_lr)

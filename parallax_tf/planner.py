@@ -48,7 +48,8 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         for entry in plan.variables:
             entry.reason = f"auto chose stanza ({why}; one batch per conv node): {entry.reason}"
         return plan
-    split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {})) if strategy == "stanza" else None
+    split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {}), cluster=cost_cluster) \
+        if strategy == "stanza" else None
     pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
     stage_of = {name: stage.index for stage in pipeline.stages for name in stage.variables} if pipeline else {}
     decided = []
@@ -99,10 +100,12 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                 pipeline=pipeline)
 
 
-def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1,
-                staggered: bool = False) -> LayerSplit:
+def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1, sends: str = "auto",
+                cluster=None) -> LayerSplit:
     """Stanza: the last `fc_nodes` ranks train the FC head; the others (conv nodes) are split
-    into as even contiguous groups, one per FC node."""
+    into as even contiguous groups, one per FC node. `sends`: a group's conv nodes send
+    "together", "staggered", or "auto": staggered where together they would overflow the FC
+    node's port on `cluster` (a costmodel.Cluster; None: together)."""
     if capture.head is None:
         raise ModelError(f"--strategy stanza: {capture.head_problem}")
     if not 1 <= fc_nodes < num_ranks:
@@ -123,15 +126,26 @@ def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatche
         raise ConfigError(f"--stanza_microbatches={microbatches} with model state computed from the batch "
                           f"({batch_state[0]!r}, e.g. batch norm): each micro-batch would have its own batch "
                           "statistics, so training would differ from single-device; use --stanza_microbatches=1")
+    if sends not in ("auto", "together", "staggered"):
+        raise ConfigError(f"--stanza_sends={sends}: choose auto, together or staggered")
     bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
-    return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)),
-                      groups=[conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)],
+    groups = [conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)]
+    if sends == "auto":
+        from parallax_tf import stanza_cost
+        activations = (capture.batch_size or 1) * sum(t.bytes_per_example for t in capture.head.cut
+                                                      if t.kind == "activation")
+        staggered = cluster is not None and stanza_cost.staggers(max(map(len, groups)), activations, cluster,
+                                                                 microbatches)
+    else:
+        staggered = sends == "staggered"
+    return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)), groups=groups,
                       cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered)
 
 
-# the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute
+# the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute;
+# stanza's whether to stagger its sends, the batch's size (timed with the head)
 MEASUREMENTS = {"auto": {"time_compute": True}, "hybrid": {"time_compute": True}, "ps": {"time_compute": True},
-                "ps_plus": {"time_compute": True}, "dsp": {"pipeline": True}}
+                "ps_plus": {"time_compute": True}, "stanza": {"time_compute": True}, "dsp": {"pipeline": True}}
 
 
 def measurements(strategy: str) -> dict:

@@ -31,15 +31,32 @@ def layer_split_load(capture) -> Optional[LayerSplitLoad]:
         data_bytes=sum(t.bytes_per_example for t in head.cut if t.kind == "data"))
 
 
+# Linux's minimum TCP retransmission timeout: the least a lost segment delays its transfer
+TCP_RTO_MIN_S = 0.2
+
+
+def staggers(group: int, activation_bytes: float, cluster: Cluster, microbatches: int = 1) -> bool:
+    """Whether a group's conv nodes should send one at a time: exactly where sending together
+    would overflow the FC node's port (TCP incast: `group` conv nodes' activations of one
+    micro-batch, `activation_bytes` each per step, arriving at once; the gradients leaving at
+    once are as many bytes), so segments are lost and each loss waits out a retransmission
+    timeout. Staggered, the port takes one conv node's at a time."""
+    burst = group * activation_bytes / microbatches
+    return group > 1 and burst > cluster.bandwidth_bytes_per_s * cluster.port_queue_s
+
+
 def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float, fc_nodes: int,
-                   microbatches: int = 1) -> Prediction:
+                   microbatches: int = 1, staggered: Optional[bool] = None) -> Prediction:
     """Step time of Stanza with `fc_nodes` FC nodes (one rank per host): conv nodes compute the
     extractor, each FC node receives its group's activations on its own link, computes the
     head for the group and returns the gradients; conv nodes then AllReduce the extractor
     (FC nodes the head's gradient meanwhile). Every transfer is a collective the nodes wait
     for, so the chain adds up as predict()'s collectives do: the conv node's CPU work, then
     the activations there, the FC node's CPU work, the gradients back, the AllReduce.
-    Micro-batches pipeline the middle three: the longest is paid once, the others 1/M."""
+    Micro-batches pipeline the middle three: the longest is paid once, the others 1/M.
+    `staggered` (default: what staggers() decides): one collective per conv node of a group
+    each way instead of one; sending together where the port overflows costs a retransmission
+    timeout per transfer each way."""
     conv = cluster.ranks - fc_nodes
     group = -(-conv // fc_nodes)
     conv_compute = max(compute_s - split.head_compute_s, 0.0)
@@ -70,9 +87,13 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     conv_sync, fc_sync = allreduce(extractor, conv), allreduce(head, fc_nodes)
     # the FC nodes' AllReduce overlaps the conv nodes' backward (~2/3 of their compute) and theirs
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
-    # each micro-batch: two sequential collectives (there and back), each a Horovod negotiation
-    # round besides the links' delay
-    rounds = 2 * microbatches * (cluster.rpc_overhead_s + 2 * cluster.delay_s)
+    # each micro-batch: sequential collectives there and back (one, or one per conv node of a
+    # group staggered), each a Horovod negotiation round besides the links' delay
+    burst = staggers(group, split.batch * split.activation_bytes, cluster, microbatches)
+    staggered = burst if staggered is None else staggered
+    rounds = 2 * microbatches * (group if staggered else 1) * (cluster.rpc_overhead_s + 2 * cluster.delay_s)
+    if burst and not staggered:
+        rounds += 2 * microbatches * TCP_RTO_MIN_S
     return Prediction(compute_s=conv_compute, network_s=0.0, latency_s=rounds, server_s=0.0,
                       cpu_bound_s=conv_cpu * turns, collective_s=pipeline + tail)
 

@@ -110,11 +110,12 @@ class _Side:
         self.turn = self.group.index(request.topology.rank)   # a conv node's position in its group
 
     def _turns(self, spec) -> list:
-        """The forward collectives of one cut tensor: one for all conv nodes (None), or, staggered,
-        one per position in a group, where the k-th conv node of every group sends. Horovod runs
-        them one after another, and gloo writes a message only once its receiver has posted the
-        receive, so an FC node takes one conv node's activations at a time."""
-        if spec.kind == REPLICATED or not self.split.staggered:
+        """The collectives of one cut tensor each way: one for all conv nodes (None), or, staggered,
+        one per position in a group, where the k-th conv node of every group sends its activations
+        (and gets their gradient back). Horovod runs them one after another, and gloo writes a
+        message only once its receiver has posted the receive, so an FC node's port carries one
+        conv node's rows at a time each way."""
+        if spec.kind != ACTIVATION or not self.split.staggered:       # labels are too small to matter
             return [None]
         return list(range(max(len(g) for g in self.split.groups)))
 
@@ -179,9 +180,10 @@ class _ConvSide(_Side):
                 sent.append(moved[-1])
                 if spec.kind == DATA:
                     continue
-                grad, _ = hvd.alltoall(exchange.empty(per, tensor.dtype), splits=exchange.nothing(self.size),
-                                       name=_name("backward", i, m))
-                self.targets.append(grad.op)
+                answers = [hvd.alltoall(exchange.empty(per, tensor.dtype), splits=exchange.nothing(self.size),
+                                        name=_name("backward", i, m, turn))[0] for turn in self._turns(spec)]
+                self.targets.extend(a.op for a in answers)
+                grad = answers[0] if len(answers) == 1 else answers[self.turn]     # rows only in its own turn
                 moved.append(tensor_bytes(grad))           # received: the link carries both ways
                 if spec.kind != REPLICATED or first:
                     # the FC node sends the gradient of its examples' summed loss; the mean is over B
@@ -289,10 +291,22 @@ class _FCSide(_Side):
             else:
                 pieces = [(g, received[m][i][2], m) for m, g in enumerate(grads)]
             for grad, rows, m in pieces:
-                answer, _ = hvd.alltoall(grad, splits=rows, name=_name("backward", i, m))
-                self.targets.append(answer.op)
+                for turn in self._turns(self.cut[i][0]):
+                    part, splits = (grad, rows) if turn is None else self._rows_of(turn, grad, rows)
+                    answer, _ = hvd.alltoall(part, splits=splits, name=_name("backward", i, m, turn))
+                    self.targets.append(answer.op)
                 moved.append(tensor_bytes(grad))
         return moved
+
+    def _rows_of(self, turn: int, grad, rows):
+        """The rows of `grad` (concatenated in rank order, `rows` per rank) that go back to the
+        conv node in position `turn` of this FC node's group, and the splits sending them there."""
+        members = self.group[:-1]
+        if turn >= len(members):          # a smaller group than another FC node's: nothing this turn
+            return exchange.empty(grad.shape.as_list()[1:], grad.dtype), exchange.nothing(self.size)
+        to = members[turn]
+        start = tf.reduce_sum(rows[:to])
+        return grad[start:start + rows[to]], exchange.splits_to(to, rows[to], self.size)
 
     def _nothing_for(self, name: str, variable):
         """This rank's (zero) part of a sum over the conv nodes: dense zeros, or no rows."""

@@ -38,6 +38,12 @@ def test_two_emulated_hosts_train_and_are_torn_down():
     assert not [d for d in os.listdir("/etc/netns") if d.startswith("ptf-")] if os.path.isdir("/etc/netns") else True
 
 
+def test_the_rig_queues_what_the_cost_model_assumes_a_port_holds():
+    # the launcher does not import TensorFlow, so the two say it apart
+    from parallax_tf import costmodel
+    assert netns.QUEUE_S == costmodel.PORT_QUEUE_S
+
+
 def test_teardown_also_after_a_failing_command():
     proc = _run(["tools.cluster", "--hosts=2", "--", "false"])
     assert proc.returncode != 0

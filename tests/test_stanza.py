@@ -32,7 +32,7 @@ def run_cases(size: int, fc_nodes: int, microbatches: int = 1, staggered: bool =
     names = CASES if microbatches == 1 else MICRO_CASES
     proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", out, "stanza", *names, f"--fc_nodes={fc_nodes}",
                                    f"--stanza_microbatches={microbatches}",
-                                   "--stanza_staggered" if staggered else "--nostanza_staggered"])
+                                   f"--stanza_sends={'staggered' if staggered else 'together'}"])
     assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
     return out
 
@@ -110,6 +110,43 @@ def test_plan_finds_the_cut_and_names_the_nodes():
     assert "cut: Reshape:0 [36] float32 144B per example (activation)" in table
     assert "rank 2 serves [0]; rank 3 serves [1]; 2 micro-batches per step" in table
     assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_plan_staggers_sends_where_together_they_would_overflow_the_fc_nodes_port():
+    from parallax_tf import costmodel
+    from parallax_tf.errors import ConfigError
+    captured = capture(cases.build("cnn", "momentum"), cases.input_fn_for("cnn"), RunContext(), 0, time_compute=True)
+    burst = 2 * cases.BATCH * 144              # two conv nodes' activations (144 B per example) at once
+    queue_holds = lambda n: costmodel.Cluster(1, bandwidth_bytes_per_s=n / costmodel.PORT_QUEUE_S)  # noqa: E731
+
+    def staggered(cluster, ranks=3, **stanza):
+        return make_plan(captured, "stanza", ranks, 1, cost_cluster=cluster,
+                         route_options={"fc_node": {"fc_nodes": 1, **stanza}}).split.staggered
+    assert staggered(queue_holds(burst - 1)) and not staggered(queue_holds(burst))
+    assert not staggered(queue_holds(burst - 1), microbatches=2)      # half the burst each time
+    assert not staggered(queue_holds(burst - 1), ranks=2)             # one conv node: nothing to stagger
+    assert not staggered(queue_holds(burst - 1), sends="together")
+    assert staggered(queue_holds(10 * burst), sends="staggered")
+    plan = make_plan(captured, "stanza", 3, 1, cost_cluster=queue_holds(burst - 1))
+    assert "conv nodes send one at a time (staggered)" in plan.table()
+    with pytest.raises(ConfigError, match=r"--stanza_sends=sometimes: choose auto, together or staggered"):
+        staggered(None, sends="sometimes")
+
+
+def test_cost_model_prices_an_overflowing_port_and_staggering():
+    # 7 conv nodes x 32 x 8 KB = 1.8 MB arriving at once: over a 10 Mbit port's queue (250 KB),
+    # under a 100 Mbit one's (2.5 MB)
+    from parallax_tf import costmodel, stanza_cost
+    loads, split = _fc_heavy_loads(head_bytes=4096)
+    slow, fast = (costmodel.Cluster(8, bandwidth_bytes_per_s=rate / 8) for rate in (10e6, 100e6))
+    assert stanza_cost.staggers(7, 32 * 8192, slow) and not stanza_cost.staggers(7, 32 * 8192, fast)
+    predict = functools.partial(stanza_cost.predict_stanza, loads, split, compute_s=0.1, fc_nodes=1)
+    together, staggered = predict(cluster=slow, staggered=False), predict(cluster=slow, staggered=True)
+    assert predict(cluster=slow).step_s == staggered.step_s
+    # together: a retransmission timeout each way; staggered: 7 collectives each way, not 1
+    assert together.latency_s - staggered.latency_s == pytest.approx(
+        2 * stanza_cost.TCP_RTO_MIN_S - 2 * 6 * (slow.rpc_overhead_s + 2 * slow.delay_s))
+    assert predict(cluster=fast).step_s == predict(cluster=fast, staggered=False).step_s
 
 
 def test_keras_batch_norm_state_stays_with_the_conv_nodes():

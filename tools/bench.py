@@ -77,6 +77,7 @@ def summarise(ranks) -> dict:
     lower = [r["lower_bound_bytes_per_step"] for r in ranks if r["lower_bound_bytes_per_step"] is not None]
     cpu = [r["cpu_s_per_step"] for r in ranks if r.get("cpu_s_per_step")]
     by_rank = {r["rank"]: r.get("cpu_s_per_step") for r in ranks}
+    resent_by_rank = {r["rank"]: (r["link_bytes_per_step"] or {}).get("tcp_retrans_segs") for r in ranks}
     by_route = {}
     for r in ranks:
         for route, n in (r.get("bytes_by_route") or {}).items():
@@ -93,6 +94,7 @@ def summarise(ranks) -> dict:
             "cpu_s_per_step_by_rank": [by_rank[r] for r in sorted(by_rank)],
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
             "bytes_per_step": wire, "packets_per_step": packets, "retransmitted_segments_per_step": retransmitted,
+            "retransmitted_segments_by_rank": [resent_by_rank[r] for r in sorted(resent_by_rank)],
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
 
@@ -147,7 +149,10 @@ def wire_lines(results: dict) -> str:
         headers = packets * netns.HEADER_BYTES
         rest = f", other {fmt_bytes(wire - headers - graph)} beyond the graph's {fmt_bytes(graph)}" if graph else ""
         resent = r.get("retransmitted_segments_per_step")
-        resent = f"; TCP segments retransmitted {resent:,.1f}" if resent is not None else ""
+        by_rank = r.get("retransmitted_segments_by_rank") or []
+        resent = f"; TCP segments retransmitted {resent:,.1f}" + (
+            f" (by rank: {' '.join(f'{n:.1f}' for n in by_rank)})" if None not in by_rank else "") \
+            if resent is not None else ""
         lines.append(f"{name} wire per step per rank: {fmt_bytes(wire)} in {packets:,.0f} frames "
                      f"(mean {wire / packets:,.0f} B): headers {fmt_bytes(headers)}{rest}{resent}")
     return "\n".join(lines)

@@ -14,6 +14,9 @@ import subprocess
 from typing import List
 
 PREFIX = "ptf"
+# what a link's tbf queues, in seconds of its rate (parallax_tf.costmodel.PORT_QUEUE_S says the
+# same: a fuller port drops, TCP incast; the launcher does not import TensorFlow to read it)
+QUEUE_S = 0.2
 BRIDGE_NS = f"{PREFIX}-br"
 LAUNCHER_ADDRESS = "198.18.255.254"
 HEADER_BYTES = 66      # per frame or segment on a link: Ethernet 14, IPv4 20, TCP 20 + 12 of timestamps
@@ -98,7 +101,7 @@ def setup(topo: Topology) -> None:
 
 def _shape(dev: str, topo: Topology, ns: str) -> None:
     _ip("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", topo.bandwidth,
-        "burst", "64kb", "latency", "200ms", ns=ns)
+        "burst", "64kb", "latency", f"{QUEUE_S * 1000:g}ms", ns=ns)
     if topo.delay in ("", "0", "0ms"):
         return
     delayed = _ip("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
