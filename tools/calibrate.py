@@ -51,13 +51,14 @@ from parallax_tf import calibration as calibration_lib
 from parallax_tf import costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --calibration, ...)
 from tools import bench  # (also --host_cpus, --slow_hosts for its runs)
-from tools import shared  # noqa: F401  (--model, --warmup)
+from tools import shared  # (also --model, --warmup)
 
 flags.DEFINE_string("cal_dense_model", "cnn", "A model whose gradients are all dense: its allreduce runs on both "
                     "host counts separate the ring AllReduce's CPU per byte from the other bytes'.")
-flags.DEFINE_string("cal_small_dense", "--cnn_fc_units=256,256", "Flags of a smaller --cal_dense_model, run too on "
-                    "both host counts (space-separated; empty: not run): a dense model's CPU grows with its ranks "
-                    "when it is large and not when it is small, which only runs of both sizes tell apart.")
+flags.DEFINE_string("cal_small_dense", " ".join(shared.SWEEP_MODEL_FLAGS["cnn"]), "Flags of a smaller "
+                    "--cal_dense_model (the sweep's), run too on both host counts (space-separated; empty: not "
+                    "run): a dense model's CPU grows with its ranks when it is large and not when it is small, "
+                    "which only runs of both sizes tell apart.")
 flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the 1- and N-shard hybrid runs and an allreduce run.")
 flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard hybrid run and allreduce run, "
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")

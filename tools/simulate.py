@@ -12,10 +12,8 @@ from absl import app, flags
 from parallax_tf import calibration, costmodel, stanza_cost
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--link_bandwidth, --link_delay, --seed)
 from parallax_tf.costmodel import Choice
-from parallax_tf.inspect_graph import capture
-from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
-from tools.shared import model_and_input
+from tools.shared import capture_model
 
 flags.DEFINE_list("sim_hosts", ["4", "8", "16", "32", "48", "64"], "Cluster sizes to predict.")
 flags.DEFINE_integer("sim_ranks_per_host", 1, "Ranks per host.")
@@ -35,8 +33,7 @@ def strategy_choices(loads, cluster) -> dict:
 
 
 def main(argv):
-    model_fn, input_fn = model_and_input(FLAGS.model)
-    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed, time_compute=True)
+    captured = capture_model(FLAGS.model, time_compute=True)
     loads = costmodel.loads_from(captured)
     bandwidth = costmodel.parse_rate(FLAGS.link_bandwidth or "100mbit")
     delay = costmodel.parse_delay(FLAGS.link_delay or "0ms")

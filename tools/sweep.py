@@ -18,6 +18,7 @@ from typing import Optional
 from absl import flags
 
 from parallax_tf import calibration, costmodel, stanza_cost
+from tools.shared import SWEEP_MODEL_FLAGS as MODEL_FLAGS
 
 flags.DEFINE_bool("sweep", False, "Run the grid of --sweep_hosts x --sweep_links x --sweep_models instead of one "
                   "cluster.")
@@ -30,8 +31,6 @@ flags.DEFINE_integer("sweep_rounds", 2, "Runs of every strategy per cell, in alt
                      "hybrid, ...); a cell compares their means. Runs of one plan on this rig differ by 10-20%.")
 FLAGS = flags.FLAGS
 
-# the sweep's sizes of each model (a 200k-weight CNN head: a step at 10 Mbit stays ~1 s)
-MODEL_FLAGS = {"lm": [], "cnn": ["--cnn_fc_units=256,256"], "mlp": []}
 # models with an FC head: stanza runs there, and auto may choose it (it is compared with stanza)
 HEADED = {"cnn"}
 PREDICTED = ("auto", "hybrid", "horovod")     # what the cost model describes (horovod: every variable AllReduce)

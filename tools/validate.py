@@ -13,11 +13,9 @@ from absl import app, flags
 from parallax_tf import calibration, costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --seed, ...)
 from parallax_tf.costmodel import Choice
-from parallax_tf.inspect_graph import capture
-from parallax_tf.model import RunContext
 from parallax_tf.planner import make_plan
 from tools import bench
-from tools.shared import model_and_input
+from tools.shared import capture_model
 
 flags.DEFINE_list("val_hosts", ["2", "4", "8"], "Cluster sizes to measure.")
 flags.DEFINE_list("val_bandwidths", ["100mbit", "1gbit"], "Link rates to measure.")
@@ -32,8 +30,7 @@ def plan_choices(captured, strategy: str, hosts: int, cluster) -> dict:
 
 
 def main(argv):
-    model_fn, input_fn = model_and_input(FLAGS.model)
-    captured = capture(model_fn, input_fn, RunContext(), FLAGS.seed)
+    captured = capture_model(FLAGS.model)
     loads = costmodel.loads_from(captured)
     single = bench.run_strategy("single", 1, 1, "", "", FLAGS.model, FLAGS.steps, FLAGS.warmup)
     compute = single["step_s"]
