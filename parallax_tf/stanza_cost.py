@@ -89,10 +89,10 @@ def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, c
     tail = conv_sync + max(0.0, fc_sync - 2 / 3 * conv_compute - conv_sync)
     # each micro-batch: sequential collectives there and back (one, or one per conv node of a
     # group staggered), each a Horovod negotiation round besides the links' delay
-    burst = staggers(group, split.batch * split.activation_bytes, cluster, microbatches)
-    staggered = burst if staggered is None else staggered
+    overflows = staggers(group, split.batch * split.activation_bytes, cluster, microbatches)
+    staggered = overflows if staggered is None else staggered
     rounds = 2 * microbatches * (group if staggered else 1) * (cluster.rpc_overhead_s + 2 * cluster.delay_s)
-    if burst and not staggered:
+    if overflows and not staggered:
         rounds += 2 * microbatches * TCP_RTO_MIN_S
     return Prediction(compute_s=conv_compute, network_s=0.0, latency_s=rounds, server_s=0.0,
                       cpu_bound_s=conv_cpu * turns, collective_s=pipeline + tail)

@@ -151,7 +151,7 @@ def wire_lines(results: dict) -> str:
         resent = r.get("retransmitted_segments_per_step")
         by_rank = r.get("retransmitted_segments_by_rank") or []
         resent = f"; TCP segments retransmitted {resent:,.1f}" + (
-            f" (by rank: {' '.join(f'{n:.1f}' for n in by_rank)})" if None not in by_rank else "") \
+            f" (by rank: {' '.join(f'{n:.1f}' for n in by_rank)})" if by_rank and None not in by_rank else "") \
             if resent is not None else ""
         lines.append(f"{name} wire per step per rank: {fmt_bytes(wire)} in {packets:,.0f} frames "
                      f"(mean {wire / packets:,.0f} B): headers {fmt_bytes(headers)}{rest}{resent}")
