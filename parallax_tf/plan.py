@@ -92,6 +92,7 @@ class LayerSplit:
     # conv nodes send their activations one at a time (one collective per position in a group),
     # so an FC node's port never takes a whole group's at once (TCP incast)
     staggered: bool = False
+    sends_reason: str = ""      # why together or staggered
 
     def group_of(self, rank: int) -> List[int]:
         """The conv ranks of the group `rank` belongs to, its FC node last."""
@@ -218,6 +219,8 @@ class Plan:
                  + "; ".join(f"rank {fc} serves {group}" for fc, group in zip(split.fc_ranks, split.groups))
                  + (f"; {split.microbatches} micro-batches per step" if split.microbatches > 1 else "")
                  + ("; conv nodes send one at a time (staggered)" if split.staggered else "")]
+        if split.sends_reason:
+            lines.append(f"sends: {split.sends_reason}")
         for t in split.cut:
             per = "per step, sent by one conv node" if t.kind == "replicated" else "per example"
             lines.append(f"cut: {t.name} [{'x'.join(map(str, t.shape)) or 'scalar'}] {t.dtype} "

@@ -7,7 +7,7 @@ from typing import List, Optional
 from parallax_tf.errors import ConfigError, ModelError
 from parallax_tf.inspect_graph import Capture, VariableInfo
 from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT,
-                              ROUTE_STAGE, LayerSplit, Pipeline, Plan, Shard, Stage, VariablePlan)
+                              ROUTE_STAGE, LayerSplit, Pipeline, Plan, Shard, Stage, VariablePlan, human_bytes)
 
 STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -130,16 +130,24 @@ def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatche
         raise ConfigError(f"--stanza_sends={sends}: choose auto, together or staggered")
     bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
     groups = [conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)]
-    if sends == "auto":
-        from parallax_tf import stanza_cost
-        activations = (capture.batch_size or 1) * sum(t.bytes_per_example for t in capture.head.cut
-                                                      if t.kind == "activation")
-        staggered = cluster is not None and stanza_cost.staggers(max(map(len, groups)), activations, cluster,
-                                                                 microbatches)
-    else:
-        staggered = sends == "staggered"
+    staggered, why = _sends(capture, max(map(len, groups)), microbatches, sends, cluster)
     return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)), groups=groups,
-                      cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered)
+                      cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered, sends_reason=why)
+
+
+def _sends(capture: Capture, group: int, microbatches: int, sends: str, cluster):
+    """Whether a group's conv nodes send one at a time, and why."""
+    if sends != "auto":
+        return sends == "staggered", f"{sends} (--stanza_sends)"
+    if cluster is None:
+        return False, "together (no cluster to plan for)"
+    from parallax_tf import stanza_cost
+    activations = (capture.batch_size or 1) * sum(t.bytes_per_example for t in capture.head.cut
+                                                  if t.kind == "activation")
+    burst, queue = stanza_cost.fan_in(group, activations, cluster, microbatches)
+    staggered = stanza_cost.staggers(group, activations, cluster, microbatches)
+    return staggered, (f"{'staggered' if staggered else 'together'}: {group} conv node(s) send "
+                       f"{human_bytes(burst)} at once, the FC node's port queues {human_bytes(queue)}")
 
 
 # the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute;

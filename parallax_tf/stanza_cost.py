@@ -35,14 +35,19 @@ def layer_split_load(capture) -> Optional[LayerSplitLoad]:
 TCP_RTO_MIN_S = 0.2
 
 
+def fan_in(group: int, activation_bytes: float, cluster: Cluster, microbatches: int = 1) -> Tuple[float, float]:
+    """What reaches an FC node's port at once when its group sends together (`group` conv nodes'
+    activations of one micro-batch, `activation_bytes` each per step; the gradients leaving at
+    once are as many bytes), and what the port queues."""
+    return group * activation_bytes / microbatches, cluster.bandwidth_bytes_per_s * cluster.port_queue_s
+
+
 def staggers(group: int, activation_bytes: float, cluster: Cluster, microbatches: int = 1) -> bool:
     """Whether a group's conv nodes should send one at a time: exactly where sending together
-    would overflow the FC node's port (TCP incast: `group` conv nodes' activations of one
-    micro-batch, `activation_bytes` each per step, arriving at once; the gradients leaving at
-    once are as many bytes), so segments are lost and each loss waits out a retransmission
-    timeout. Staggered, the port takes one conv node's at a time."""
-    burst = group * activation_bytes / microbatches
-    return group > 1 and burst > cluster.bandwidth_bytes_per_s * cluster.port_queue_s
+    would overflow the FC node's port (TCP incast), so segments are lost and each loss waits
+    out a retransmission timeout. Staggered, the port takes one conv node's at a time."""
+    burst, queue = fan_in(group, activation_bytes, cluster, microbatches)
+    return group > 1 and burst > queue
 
 
 def predict_stanza(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, compute_s: float, fc_nodes: int,

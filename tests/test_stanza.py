@@ -129,6 +129,9 @@ def test_plan_staggers_sends_where_together_they_would_overflow_the_fc_nodes_por
     assert staggered(queue_holds(10 * burst), sends="staggered")
     plan = make_plan(captured, "stanza", 3, 1, cost_cluster=queue_holds(burst - 1))
     assert "conv nodes send one at a time (staggered)" in plan.table()
+    assert (f"sends: staggered: 2 conv node(s) send {burst / 1024:.1f}KB at once, the FC node's port queues "
+            f"{(burst - 1) / 1024:.1f}KB") in plan.table()
+    assert Plan.from_json(plan.to_json()) == plan
     with pytest.raises(ConfigError, match=r"--stanza_sends=sometimes: choose auto, together or staggered"):
         staggered(None, sends="sometimes")
 
