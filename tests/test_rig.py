@@ -323,3 +323,18 @@ def test_a_run_whose_ranks_wrote_no_figures_is_an_error_not_a_crash(monkeypatch)
     monkeypatch.setattr(bench, "FLAGS", type("Flags", (), {"host_cpus": "off", "slow_hosts": []})())
     got = bench.run_strategy("hybrid", 2, 1, "1gbit", "0ms", "lm", 5, 1)
     assert got == {"error": "exit status 0 but 0 of 2 ranks wrote their figures"}
+
+
+def test_a_single_process_run_beside_a_cluster_counts_one_rank(monkeypatch):
+    # `--hosts 8 --strategies hybrid,single`: the single run is one process, not 8 ranks
+    from tools import bench
+    monkeypatch.setattr(bench, "model_flags", lambda: [])
+
+    def one_process(job, timeout):
+        out = next(a.split("=", 1)[1] for a in job if a.startswith("--out="))
+        with open(os.path.join(out, "rank0.json"), "w") as f:
+            json.dump({"rank": 0}, f)
+        return subprocess.CompletedProcess(job, 0)
+    monkeypatch.setattr(bench.subprocess, "run", one_process)
+    monkeypatch.setattr(bench, "summarise", lambda ranks: {"ranks": len(ranks)})
+    assert bench.run_strategy("single", 8, 1, "10mbit", "0ms", "lm", 5, 1) == {"ranks": 1}

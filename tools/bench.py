@@ -49,8 +49,9 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
     if status != 0:
         return {"error": f"exit status {status}"}
     ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
-    if len(ranks) != hosts * ranks_per_host:       # e.g. its ranks killed from outside, the launcher still 0
-        return {"error": f"exit status 0 but {len(ranks)} of {hosts * ranks_per_host} ranks wrote their figures"}
+    expected = 1 if strategy == "single" else hosts * ranks_per_host     # single: one process, no cluster
+    if len(ranks) != expected:       # e.g. its ranks killed from outside, the launcher still 0
+        return {"error": f"exit status 0 but {len(ranks)} of {expected} ranks wrote their figures"}
     return summarise(ranks)
 
 
