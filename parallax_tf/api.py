@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf import flags as ptf_flags
+from parallax_tf import model_init
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
@@ -68,6 +69,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
         dgraph = REWRITERS[plan.strategy](request)    # auto may have chosen another strategy
+        # tables and iterators, as the single-device script initialises them
+        dgraph.local_init = tf.group(dgraph.local_init, *model_init.initializers(graph, dgraph.train_op))
+        input_reads = model_init.input_reads(graph, dgraph.train_op)
         entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
@@ -88,7 +92,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                               deadline=watchdog.deadline if watchdog else None)
     peer_lost = False
     try:
-        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard)
+        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         link_before = session.link_counters() if topo.local_rank == 0 else None

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import pipeline_cut, training_graph
+from parallax_tf import model_init, pipeline_cut, training_graph
 from parallax_tf.errors import InputError, ModelError
 from parallax_tf.model import RunContext
 from parallax_tf.runtime import pool_threads
@@ -110,7 +110,8 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         if not trainable:
             raise ModelError("model_fn created no trainable variables: there is nothing to train")
         _check_no_outside_writes(graph, trainable, training.created_by_optimizers())
-        placeholders = _needed_placeholders(training.train_op, training.loss)
+        placeholders = training_graph.needed_placeholders(training.train_op, training.loss)
+        initializers = model_init.initializers(graph, [training.train_op])
         raw = training.raw_gradients()
         applied = training.applied()
         groups: Dict[str, list] = {}
@@ -118,7 +119,9 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
             grad = raw[var.op.name][0] if var.op.name in applied else None
             groups.setdefault(logical_name(var), []).append((var, grad))
         state_vars = _state_variables(training, trainable)
-        feeds = make_feeds(input_fn, ctx, placeholders, graph)
+        # input_fn runs on the evaluating rank only: a rank that reads no data (a Stanza FC node)
+        # may have no batch to give
+        feeds = make_feeds(input_fn, ctx, placeholders, graph) if evaluate else {}
         values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
                   for name, pairs in groups.items()}
         state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
@@ -126,8 +129,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         compute_s, op_seconds = None, {}
         if evaluate:
             with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
-                sess.run([tf.compat.v1.global_variables_initializer(),
-                          tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()])
+                _initialise(sess, initializers)
                 values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
                                                  state_vars))
                 rows = _rows_touched(sess, groups, feeds, training_graph.ancestors(training.loss.op))
@@ -165,7 +167,8 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
     with graph.as_default():
         head, problem = _find_head(training, groups, {i.name: i.layer for i in infos}, state_vars)
-        head_s, batch = _time_head(graph, training, head, groups, feeds) if time_compute and head else (None, None)
+        head_s, batch = _time_head(graph, training, head, groups, feeds, initializers) \
+            if evaluate and time_compute and head else (None, None)
     return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, head, problem,
                    head_s, batch, cuts)
@@ -181,7 +184,14 @@ def _find_head(training, groups, kinds, state_vars):
         return None, str(err)
 
 
-def _time_head(graph, training, head, groups, feeds):
+def _initialise(sess, initializers) -> None:
+    """What a single-device script runs before training: variables, local variables, tables,
+    iterators (parallax_tf.model_init)."""
+    sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+    sess.run(initializers)
+
+
+def _time_head(graph, training, head, groups, feeds, initializers):
     """The FC head's forward+backward alone (its cut tensors fed, so nothing below runs), and
     the batch's example count: what the cost model needs to predict Stanza."""
     variables = [v for name in head.variables for v, _ in groups[name]]
@@ -189,8 +199,7 @@ def _time_head(graph, training, head, groups, feeds):
     grads = [g for g in tf.gradients(training.loss, variables + [t for t, spec in zip(cut, head.cut)
                                                                  if spec.kind != "data"]) if g is not None]
     with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
-        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
-                  tf.compat.v1.tables_initializer()])
+        _initialise(sess, initializers)
         values = sess.run(cut, feeds)
         batch = next(int(np.shape(v)[0]) for v, spec in zip(values, head.cut) if spec.kind != "replicated")
         return _time_step(sess, grads, dict(zip(cut, values))), batch
@@ -243,12 +252,12 @@ def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dic
     batch = input_fn(ctx)
     if not isinstance(batch, dict):
         raise InputError(f"input_fn returned {type(batch).__name__}; return a dict {{placeholder name: batch}}")
-    missing = [p for p in placeholders if p not in batch]
+    missing = [p for p in placeholders if p not in batch and not _sparse_part_given(p, batch)]
     if missing:
         raise InputError(f"input_fn did not provide placeholder(s) {missing}; it returned keys "
                          f"{sorted(batch)}. Add them to the dict input_fn returns")
     feeds = {}
-    for key, value in batch.items():
+    for key, value in _split_sparse(batch).items():
         try:
             feeds[graph.get_tensor_by_name(key if ":" in key else key + ":0")] = value
         except (KeyError, ValueError):
@@ -257,18 +266,35 @@ def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dic
     return feeds
 
 
-def _needed_placeholders(*targets) -> List[str]:
-    seen, stack, found = set(), [t if isinstance(t, tf.Operation) else t.op for t in targets], []
-    while stack:
-        op = stack.pop()
-        if op in seen:
+_SPARSE_PARTS = ("indices", "values", "shape")
+
+
+def _sparse_part_given(placeholder: str, batch: dict) -> bool:
+    """A sparse_placeholder's component ("tags/indices") fed as one sparse value under "tags"."""
+    base, _, part = placeholder.rpartition("/")
+    return part in _SPARSE_PARTS and _is_sparse(batch.get(base))
+
+
+def _is_sparse(value) -> bool:
+    return isinstance(value, (tf.compat.v1.SparseTensorValue, tf.SparseTensor))
+
+
+def _split_sparse(batch: dict) -> dict:
+    """{"tags": SparseTensorValue or SparseTensor} -> the three placeholders of
+    sparse_placeholder(name="tags"), as a session feed would split it."""
+    out = {}
+    for key, value in batch.items():
+        if not _is_sparse(value):
+            out[key] = value
             continue
-        seen.add(op)
-        if op.type == "Placeholder":
-            found.append(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return sorted(found)
+        parts = (value.indices, value.values, value.dense_shape)
+        arrays = [p if isinstance(p, np.ndarray) else tf.get_static_value(p) for p in parts]
+        if any(a is None for a in arrays):
+            raise InputError(f"input_fn returned {key!r} as a tf.SparseTensor of graph tensors; give its indices, "
+                             "values and dense_shape as numpy arrays (tf.compat.v1.SparseTensorValue)")
+        for part, array in zip(_SPARSE_PARTS, arrays):
+            out[f"{key}/{part}"] = np.asarray(array)
+    return out
 
 
 _storage = training_graph.storage

@@ -9,13 +9,17 @@ import numpy as np
 
 @dataclasses.dataclass
 class Model:
-    """Returned by model_fn: a scalar loss built in the default graph, and either a v1 optimizer
-    (the toolkit builds `optimizer.minimize(loss)`, with the model's state updates) or the
+    """Returned by model_fn: a scalar loss built in the default graph, and either an optimizer
+    (tf.compat.v1.train or tf_keras.optimizers.legacy: the toolkit builds `optimizer.minimize(loss)`,
+    with the model's state updates) or the
     train_op the single-device script already builds (minimize, or compute_gradients -> any
     transform -> apply_gradients, with a global step, under control_dependencies(update_ops))."""
     loss: object
     optimizer: object = None
     train_op: object = None
+    # what a Scaffold's init_op would run besides the variables' initializers (tables, your own
+    # resources): run on every rank; variables start from the single-device values instead
+    init_op: object = None
 
 
 @dataclasses.dataclass

@@ -22,6 +22,9 @@ import tensorflow as tf
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext
 
+# The collection Model.init_op is recorded in (parallax_tf.model_init runs it on every rank).
+MODEL_INIT_OPS = "parallax_model_init_ops"
+
 OPTIMIZER_FORM_HELP = ("return parallax_tf.Model(loss=<scalar tensor>, optimizer=<tf.compat.v1.train optimizer>) "
                        "or parallax_tf.Model(loss=<scalar tensor>, train_op=opt.minimize(loss, global_step=...))")
 
@@ -43,6 +46,7 @@ class Apply:
     global_step: object             # the variable it advances, or None
     op: tf.Operation                # what apply_gradients returned
     created: set                    # names of the ops it created (updates, slots, non-slot state)
+    own_counter: object = None      # a tf_keras optimizer's `iterations`, which its apply advances
 
 
 @dataclasses.dataclass
@@ -90,6 +94,7 @@ class _Recorder:
         self.keras_layers: Dict[str, str] = {}
         self.keras_layer_objects: list = []
         self.variable_hook = variable_hook
+        self.keras_hooked = False
 
     @contextlib.contextmanager
     def recording(self):
@@ -105,18 +110,16 @@ class _Recorder:
             return grads
 
         def apply_gradients(optimizer, grads_and_vars, global_step=None, name=None, **kwargs):
-            grads_and_vars = tuple(grads_and_vars)
-            graph = tf.compat.v1.get_default_graph()
-            before = len(graph.get_operations())
-            recorder.in_apply.append(optimizer)
-            try:
-                op = apply(optimizer, grads_and_vars, global_step, name, **kwargs)
-            finally:
-                recorder.in_apply.pop()
-            op = op.op if isinstance(op, tf.Tensor) else op
-            created = {o.name for o in graph.get_operations()[before:]}
-            recorder.applies.append(Apply(optimizer, list(grads_and_vars), global_step, op, created))
-            return op
+            return recorder.record_apply(lambda pairs: apply(optimizer, pairs, global_step, name, **kwargs),
+                                         optimizer, grads_and_vars, global_step)
+
+        keras_class = _legacy_keras_optimizer_class()
+        keras_apply = keras_class.apply_gradients if keras_class is not None else None
+        self.keras_hooked = keras_class is not None
+
+        def keras_apply_gradients(optimizer, grads_and_vars, *args, **kwargs):
+            return recorder.record_apply(lambda pairs: keras_apply(optimizer, pairs, *args, **kwargs),
+                                         optimizer, grads_and_vars, None)
 
         def creator(next_creator, **kwargs):
             layer = _creating_layer()
@@ -132,16 +135,93 @@ class _Recorder:
 
         gradients_util._GradientsHelper = gradients_helper
         optimizer_class.apply_gradients = apply_gradients
+        if keras_class is not None:
+            keras_class.apply_gradients = keras_apply_gradients
         try:
-            with tf.variable_creator_scope(creator):
+            with tf.variable_creator_scope(creator), _keras_constants_stay_in_the_graph():
                 yield
         finally:
             gradients_util._GradientsHelper = helper
             optimizer_class.apply_gradients = apply
+            if keras_class is not None:
+                keras_class.apply_gradients = keras_apply
+
+    def record_apply(self, apply, optimizer, grads_and_vars, global_step):
+        """Runs `apply(pairs)` (an optimizer's apply_gradients) and records what it created. A
+        tf_keras optimizer advances its own `iterations`: that is the step it counts."""
+        grads_and_vars = tuple(grads_and_vars)
+        graph = tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        self.in_apply.append(optimizer)
+        try:
+            op = apply(grads_and_vars)
+        finally:
+            self.in_apply.pop()
+        op = op.op if isinstance(op, tf.Tensor) else op
+        created = {o.name for o in graph.get_operations()[before:]}
+        counter = optimizer.iterations if is_legacy_keras_optimizer(optimizer) else None
+        self.applies.append(Apply(optimizer, list(grads_and_vars), global_step, op, created, counter))
+        return op
 
 
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _legacy_keras_optimizer_class():
+    """tf_keras' OptimizerV2 (tf_keras.optimizers.legacy.*), when the user's program imported tf_keras."""
+    if "tf_keras" not in sys.modules:
+        return None
+    from tf_keras.src.optimizers.legacy import optimizer_v2
+    return optimizer_v2.OptimizerV2
+
+
+def is_legacy_keras_optimizer(optimizer) -> bool:
+    keras_class = _legacy_keras_optimizer_class()
+    return keras_class is not None and isinstance(optimizer, keras_class)
+
+
+def describe_optimizer(optimizer) -> str:
+    """"tf_keras Adam", "Keras 3 Adam", "tf.compat.v1.train AdamOptimizer": what a message names."""
+    module, name = type(optimizer).__module__, type(optimizer).__name__
+    if module.startswith("tf_keras"):
+        return f"tf_keras {'legacy ' if is_legacy_keras_optimizer(optimizer) else ''}{name}"
+    if module.startswith("keras"):
+        return f"Keras 3 {name}"
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return f"tf.compat.v1.train {name}"
+    return f"{module}.{name}"
+
+
+def _check_optimizer(optimizer) -> None:
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer) or is_legacy_keras_optimizer(optimizer):
+        return
+    module, name = type(optimizer).__module__, type(optimizer).__name__
+    fix = (f"use tf_keras.optimizers.legacy.{name} or tf.compat.v1.train.{name}Optimizer "
+           "(GradientDescent, Momentum, Adagrad, Adam, Ftrl, RMSProp, ...)")
+    if module.startswith(("tf_keras", "keras")):
+        raise ModelError(f"optimizer is {describe_optimizer(optimizer)}: the new Keras optimizers train nothing in a "
+                         f"tf.compat.v1 graph (their updates never run in a v1 session); {fix}")
+    raise ModelError(f"optimizer is a {describe_optimizer(optimizer)}; parallax_tf needs a tf.compat.v1.train "
+                     "optimizer or a tf_keras.optimizers.legacy one: " + fix)
+
+
+@contextlib.contextmanager
+def _keras_constants_stay_in_the_graph():
+    """A raw TF op between tf_keras functional layers with a constant input (tf.reshape(x, [-1, 2, 4]))
+    makes tf_keras evaluate that constant in a session of its own (backend.get_session), which
+    initialises every variable built so far, on devices that session does not have. tf_keras'
+    own switch keeps the constant as the graph tensor it is instead."""
+    if "tf_keras" not in sys.modules:
+        yield
+        return
+    from tf_keras.src.engine import base_layer_utils
+    saved = base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION
+    base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = True
+    try:
+        yield
+    finally:
+        base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = saved
 
 
 def _creating_layer():
@@ -182,9 +262,8 @@ def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
     if model.optimizer is not None and model.train_op is not None:
         raise ModelError("model_fn returned both an optimizer and a train_op; pass one: the train_op already "
                          "says how the optimizer is applied")
-    if model.optimizer is not None and not isinstance(model.optimizer, tf.compat.v1.train.Optimizer):
-        raise ModelError(f"optimizer is a {type(model.optimizer).__name__}; parallax_tf needs a "
-                         "tf.compat.v1.train optimizer (GradientDescent, Momentum, Adagrad, Adam, ...)")
+    if model.optimizer is not None:
+        _check_optimizer(model.optimizer)
     if not isinstance(model.loss, tf.Tensor):
         raise ModelError(f"loss is a {type(model.loss).__name__}, not a tensor of the graph model_fn built")
     if model.loss.shape.rank != 0:
@@ -208,17 +287,22 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
             raise ModelError("model_fn created no trainable variables: there is nothing to train")
         if train_op is None:
             updates = list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+            fed = set(needed_placeholders(model.loss))
             for layer in recorder.keras_layer_objects:
-                updates += [u for u in _layer_updates(layer) if u not in updates]
+                # only the updates of the calls on what the loss reads: a tf_keras model built on
+                # its own keras.Input holds updates of that call too, which nothing feeds
+                updates += [u for u in _layer_updates(layer) if u not in updates
+                            and set(needed_placeholders(u)) <= fed]
             with tf.control_dependencies(updates):
-                train_op = model.optimizer.minimize(model.loss, global_step=tf.compat.v1.train.get_global_step())
+                train_op = _minimize(recorder, model.optimizer, model.loss)
+        if model.init_op is not None:
+            tf.compat.v1.add_to_collection(MODEL_INIT_OPS, _as_operation(model.init_op))
     train_op = _as_operation(train_op)
     needed = ancestors(train_op)
     applies = [a for a in recorder.applies if a.op in needed]
     if not applies:
         raise ModelError(f"train_op {train_op.name!r} runs no optimizer apply: build it with opt.minimize(loss) or "
-                         "opt.apply_gradients(...) of a tf.compat.v1.train optimizer (a tf_keras or Keras 3 "
-                         "optimizer is not supported; use tf.compat.v1.train.AdamOptimizer and friends)")
+                         "opt.apply_gradients(...) of a tf.compat.v1.train or tf_keras.optimizers.legacy optimizer")
     owners: Dict[str, Apply] = {}
     for a in applies:
         for grad, var in a.grads_and_vars:
@@ -234,11 +318,27 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
         raise ModelError(f"the train op advances the global step {len(steps)} times per step (applies "
                          f"{[a.op.name for a in applies if a.global_step is not None]}); pass global_step to one "
                          "apply_gradients/minimize only")
+    # without one, the first tf_keras optimizer's `iterations` counts the steps
+    steps = steps or [a.own_counter for a in applies if a.own_counter is not None]
     training = Training(model=model, loss=model.loss, train_op=train_op, applies=applies,
                         gradient_calls=recorder.gradient_calls, global_step=steps[0] if steps else None,
                         keras_layers=recorder.keras_layers)
     _check_gradients_are_recorded(training)
     return training
+
+
+def _minimize(recorder, optimizer, loss):
+    """optimizer.minimize(loss) as single-device TF1 code runs it: a tf.compat.v1.train optimizer
+    advances the model's global step (if it has one); a tf_keras one its own `iterations`."""
+    if not is_legacy_keras_optimizer(optimizer):
+        return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    variables = tf.compat.v1.trainable_variables()
+    grads = tf.gradients(loss, variables)
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    if recorder.keras_hooked:
+        return optimizer.apply_gradients(pairs)
+    apply = type(optimizer).apply_gradients      # tf_keras was imported after recording began
+    return recorder.record_apply(lambda p: apply(optimizer, p), optimizer, pairs, None)
 
 
 def _layer_updates(layer) -> list:
@@ -266,6 +366,21 @@ def _as_operation(op) -> tf.Operation:
     if isinstance(op, (list, tuple)):
         return tf.group(*op)
     raise ModelError(f"train_op is a {type(op).__name__}; pass the tf.Operation your training step runs")
+
+
+def needed_placeholders(*targets) -> List[str]:
+    """Names of the placeholders `targets` (ops or tensors) need fed."""
+    seen, stack, found = set(), [t if isinstance(t, tf.Operation) else t.op for t in targets], []
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type == "Placeholder":
+            found.append(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return sorted(found)
 
 
 def ancestors(op, data_only: bool = False) -> set:

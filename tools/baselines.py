@@ -12,7 +12,8 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from parallax_tf.inspect_graph import call_model_fn, make_feeds, _needed_placeholders
+from parallax_tf.inspect_graph import call_model_fn, make_feeds
+from parallax_tf.training_graph import needed_placeholders
 from parallax_tf.model import RunContext
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
 from parallax_tf.runtime import pool_threads, session as session_lib
@@ -43,7 +44,7 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_thread
 
 def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
-    placeholders = _needed_placeholders(model.loss)
+    placeholders = needed_placeholders(model.loss)
     stats, examples = StepStats(), 0     # times, CPU per step and per thread as parallax_tf counts them
     link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
     for step in range(steps):

@@ -86,10 +86,11 @@ def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[C
         raise
 
 
-def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
+def initialise(sess, dgraph, state_io, values, is_chief: bool, guard, input_reads=()) -> int:
     """PS state once (rank 0), replicas everywhere, then broadcast from rank 0 behind a barrier.
     `values` (rank 0: initial values or a checkpoint) overwrite what initialisers produced.
-    Returns the global step training starts at."""
+    `input_reads`: the tf.data iterator reads of a step, run once per step already trained on a
+    resume. Returns the global step training starts at."""
     with guard("initialisation"):
         sess.run(dgraph.local_init)
         if is_chief:
@@ -99,6 +100,8 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard) -> int:
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)                # replicas, a replicated global step among them
         start = int(sess.run(dgraph.global_step))
+        for _ in range(start):      # tf.data input continues where the resumed run stopped
+            sess.run(input_reads)
         # every rank has read the starting step before any trains: an asynchronous rank 0 would
         # otherwise push its first step while a slower rank still reads, which then starts at 1
         dgraph.barrier.wait(sess, "started")
@@ -180,8 +183,17 @@ def _tcp_segments() -> dict:
 
 
 def batch_size(feeds) -> int:
-    """Examples in a feed dict: the first dimension of its first batched value."""
-    for value in feeds.values():
+    """Examples in a feed dict: the first dimension of its first batched value (of a sparse
+    placeholder's dense shape, not of its indices or values)."""
+    names = {getattr(t, "name", ""): value for t, value in feeds.items()}
+    sparse = {name[:-len("/shape:0")] for name in names if name.endswith("/shape:0")
+              and f"{name[:-len('/shape:0')]}/indices:0" in names}
+    for name, value in names.items():
+        base, _, part = name.rpartition("/")
+        if base in sparse and part in ("indices:0", "values:0"):
+            continue
+        if base in sparse and part == "shape:0":
+            return int(np.asarray(value)[0])
         shape = np.shape(value)
         if shape:
             return int(shape[0])
