@@ -17,6 +17,13 @@ OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
 }
+# tf_keras' legacy optimizers (OptimizerV2): what a Keras user passes
+KERAS_OPTIMIZERS = {
+    "keras_momentum": lambda: _tf_keras().optimizers.legacy.SGD(0.1, momentum=0.9),
+    "keras_adam": lambda: _tf_keras().optimizers.legacy.Adam(0.01),
+    "keras_adagrad": lambda: _tf_keras().optimizers.legacy.Adagrad(0.1),
+}
+OPTIMIZERS.update(KERAS_OPTIMIZERS)
 OPTIMIZERS_BY_RATE = {
     "sgd": tf.compat.v1.train.GradientDescentOptimizer,
     "momentum": lambda rate: tf.compat.v1.train.MomentumOptimizer(rate, 0.9),
@@ -24,6 +31,28 @@ OPTIMIZERS_BY_RATE = {
     "adam": tf.compat.v1.train.AdamOptimizer,
 }
 VOCAB, DIM, CLASSES, IDS_PER_EXAMPLE = 20, 4, 3, 3
+
+
+def _tf_keras():
+    import tf_keras
+    return tf_keras
+
+
+def minimize(optimizer, loss):
+    """What the toolkit builds for Model(loss, optimizer): minimize, for a tf_keras optimizer
+    apply_gradients of tf.gradients (its minimize needs a tape)."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return optimizer.minimize(loss)
+    variables = tf.compat.v1.trainable_variables()
+    return optimizer.apply_gradients([(g, v) for g, v in zip(tf.gradients(loss, variables), variables)
+                                      if g is not None])
+
+
+WORDS = [f"w{i}" for i in range(VOCAB - 1)]      # strings a lookup table maps to ids 0..VOCAB-2
+
+
+def _words():
+    return tf.compat.v1.placeholder(tf.string, [None, IDS_PER_EXAMPLE], name="words")
 
 
 def _embedding(name="emb", vocab=VOCAB, partitioner=None, dtype=tf.float32):
@@ -79,6 +108,35 @@ def _batch_norm(x, name="bn", decay=0.9):
             update = moving.assign(decay * moving + (1 - decay) * value)
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update.op)
         return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-3)
+
+
+def _initializable_iterator_batches(ctx):
+    """This rank's batches through an initializable iterator (the toolkit runs its initializer)."""
+    per_step = [batch("mixed", ctx.rank, step) for step in range(STEPS)]
+    stacked = {k: np.stack([b[k] for b in per_step]) for k in per_step[0]}
+    iterator = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(stacked))
+    return iterator.get_next()
+
+
+def _keras_functional(model: str):
+    """A tf_keras functional model built on its own keras.Input (as tf_keras.applications are),
+    then called on the model's placeholder."""
+    tf_keras = _tf_keras()
+    init = lambda seed: tf_keras.initializers.GlorotUniform(seed=seed)  # noqa: E731
+    x, labels = tf.compat.v1.placeholder(tf.float32, [None, DIM], name="x"), \
+        tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    inputs = tf_keras.Input(shape=(DIM,))
+    if model == "keras_const":      # a raw TF op with a constant shape between functional layers
+        hidden = tf.reshape(tf_keras.layers.Dense(4, kernel_initializer=init(3))(inputs), [-1, 2, 2])
+        hidden = tf_keras.layers.Flatten()(hidden)
+        training = None
+    else:                           # keras_app: frozen batch norm; keras_app_bn: training batch norm
+        hidden = tf_keras.layers.Dense(6, activation="relu", kernel_initializer=init(3))(inputs)
+        hidden = tf_keras.layers.BatchNormalization(momentum=0.9, name="bn")(hidden)
+        training = model == "keras_app_bn"
+    net = tf_keras.Model(inputs, tf_keras.layers.Dense(CLASSES, kernel_initializer=init(4))(hidden))
+    logits = net(x, training=training)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
 def _keras(model: str):
@@ -173,6 +231,14 @@ def build(model: str, optimizer: str):
             with tf.control_dependencies([apply]):
                 train_op = ema.apply(tf.compat.v1.trainable_variables())
             return ptf.Model(loss=loss, train_op=train_op)
+        if model == "keras_clip":        # tf_keras optimizer, the user's own clipped apply_gradients
+            loss = _mixed_loss()
+            opt = OPTIMIZERS[optimizer]()
+            variables = tf.compat.v1.trainable_variables()
+            clipped, _ = tf.clip_by_global_norm(tf.gradients(loss, variables), CLIP_NORM)
+            return ptf.Model(loss=loss, train_op=opt.apply_gradients(zip(clipped, variables)))
+        if model in ("keras_app", "keras_app_bn", "keras_const"):
+            return ptf.Model(loss=_keras_functional(model), optimizer=OPTIMIZERS[optimizer]())
         if model == "keras":             # tf_keras model, optimizer form
             _, loss = _keras(model)
             return ptf.Model(loss=loss, optimizer=OPTIMIZERS[optimizer]())
@@ -194,6 +260,26 @@ def build(model: str, optimizer: str):
             labels = feeds["labels"]
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=labels, logits=_dense_head(features)))
+        elif model == "init_iter":
+            feeds = _initializable_iterator_batches(ctx)
+            features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), feeds["ids"]), axis=1)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=feeds["labels"], logits=_dense_head(features)))
+        elif model == "vocab_column":    # a vocabulary feature column: a lookup table, then an embedding
+            fc = tf.compat.v1.feature_column
+            column = fc.embedding_column(fc.categorical_column_with_vocabulary_list("words", WORDS, num_oov_buckets=1),
+                                         DIM, initializer=tf.compat.v1.random_normal_initializer(seed=1))
+            loss = _classification_loss(_dense_head(fc.input_layer({"words": _words()}, [column])))
+        elif model == "hash_table":      # a bare StaticHashTable from strings to embedding rows
+            table = tf.compat.v1.lookup.StaticHashTable(tf.compat.v1.lookup.KeyValueTensorInitializer(
+                WORDS, np.arange(len(WORDS), dtype=np.int64), tf.string, tf.int64), VOCAB - 1)
+            ids = table.lookup(_words())
+            loss = _classification_loss(_dense_head(tf.reduce_mean(
+                tf.compat.v1.nn.embedding_lookup(_embedding(), ids), axis=1)))
+        elif model == "sparse_feed":     # a sparse_placeholder fed a SparseTensorValue
+            tags = tf.compat.v1.sparse_placeholder(tf.int64, name="tags")
+            features = tf.nn.embedding_lookup_sparse(_embedding(), tags, None, combiner="mean")
+            loss = _classification_loss(_dense_head(features))
         elif model == "cnn":
             loss = _small_cnn()
         elif model == "ref_vars":          # non-resource (v1 "ref") variables
@@ -243,8 +329,20 @@ def build(model: str, optimizer: str):
 
 
 def batch(model: str, rank: int, step: int) -> dict:
-    model = "mixed" if model in ("tfdata", "ref_vars", "clip_decay", "minimize_gs", "ema", "keras") else model
+    model = "mixed" if model in ("tfdata", "init_iter", "ref_vars", "clip_decay", "minimize_gs", "ema", "keras",
+                                 "keras_clip") else model
+    model = "keras_bn" if model in ("keras_app", "keras_app_bn", "keras_const") else model
     rng = np.random.RandomState(1000 * step + rank)
+    if model in ("vocab_column", "hash_table"):      # id VOCAB - 1: a word not in the vocabulary
+        ids = rng.randint(0, VOCAB, [BATCH, IDS_PER_EXAMPLE])
+        words = np.array([[WORDS[i] if i < len(WORDS) else "unknown" for i in row] for row in ids], dtype=object)
+        return {"words": words, "labels": rng.randint(0, CLASSES, BATCH)}
+    if model == "sparse_feed":       # 1 to IDS_PER_EXAMPLE ids per example
+        counts = rng.randint(1, IDS_PER_EXAMPLE + 1, BATCH)
+        indices = np.array([[i, j] for i, n in enumerate(counts) for j in range(n)], dtype=np.int64)
+        return {"tags/indices": indices, "tags/values": rng.randint(0, VOCAB, len(indices)).astype(np.int64),
+                "tags/shape": np.array([BATCH, IDS_PER_EXAMPLE], dtype=np.int64),
+                "labels": rng.randint(0, CLASSES, BATCH)}
     if model == "dense_only":
         return {"x": rng.randn(BATCH, DIM), "labels": rng.randint(0, CLASSES, BATCH)}
     if model in ("cnn", "cnn_bn"):     # cnn_bn: a mean and scale of each rank's own
@@ -266,18 +364,30 @@ def batch(model: str, rank: int, step: int) -> dict:
 
 
 def input_fn_for(model: str):
-    if model == "tfdata":
+    if model in ("tfdata", "init_iter"):
         return None
+    if model == "sparse_feed":       # one tf.compat.v1.SparseTensorValue, as a session feed takes it
+        def sparse_input_fn(ctx):
+            feeds = batch(model, ctx.rank, ctx.step)
+            feeds["tags"] = tf.compat.v1.SparseTensorValue(*(feeds.pop(f"tags/{k}") for k in ("indices", "values",
+                                                                                               "shape")))
+            return feeds
+        return sparse_input_fn
     return lambda ctx: batch(model, ctx.rank, ctx.step)
 
 
 def global_batch(model: str, step: int, size: int) -> dict:
     parts = [batch(model, r, step) for r in range(size)]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    whole = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if not k.startswith("tags/")}
+    if model == "sparse_feed":       # rank r's rows follow the rows of the ranks before it
+        whole["tags/indices"] = np.concatenate([p["tags/indices"] + [r * BATCH, 0] for r, p in enumerate(parts)])
+        whole["tags/values"] = np.concatenate([p["tags/values"] for p in parts])
+        whole["tags/shape"] = np.array([size * BATCH, IDS_PER_EXAMPLE], dtype=np.int64)
+    return whole
 
 
 # (case name, model, optimizer, extra run options)
-CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in OPTIMIZERS] + [
+CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in ("sgd", "momentum", "adagrad", "adam")] + [
     ("duplicates", "duplicates", "adagrad", {}),
     ("partitioned", "partitioned", "adagrad", {}),
     ("dense_only", "dense_only", "momentum", {}),
@@ -296,10 +406,24 @@ CASES = [(f"mixed_{opt}", "mixed", opt, {}) for opt in OPTIMIZERS] + [
     ("keras", "keras", "adam", {}),
     ("bn", "bn", "momentum", {}),
     ("keras_bn", "keras_bn", "sgd", {}),
+    # what single-device scripts written elsewhere use: tables, iterators, sparse feeds, tf_keras
+    ("vocab_column", "vocab_column", "adagrad", {}),
+    ("hash_table", "hash_table", "momentum", {}),
+    ("init_iter", "init_iter", "sgd", {}),
+    ("sparse_feed", "sparse_feed", "adagrad", {}),
+    ("keras_app", "keras_app", "sgd", {}),
+    ("keras_app_bn", "keras_app_bn", "sgd", {}),
+    ("keras_const", "keras_const", "momentum", {}),
+    ("keras_momentum", "mixed", "keras_momentum", {}),
+    ("keras_adam", "mixed", "keras_adam", {}),
+    ("keras_adagrad", "mixed", "keras_adagrad", {}),
+    ("keras_clip", "keras_clip", "keras_momentum", {}),
 ]
 # Batch norm normalises with each rank's own batch (as Horovod does), so these match the
 # average of per-rank gradients rather than one gradient of the concatenated batch.
-PER_RANK_BATCH_STATISTICS = {"bn", "keras_bn", "cnn_bn"}
+PER_RANK_BATCH_STATISTICS = {"bn", "keras_bn", "cnn_bn", "keras_app_bn"}
+# Models whose state is frozen (batch norm called with training=False): it must not move.
+FROZEN_STATE = {"keras_app"}
 # Models with a feature extractor below an FC head, for Stanza (not in CASES: not every strategy
 # runs them): (case name, model, optimizer, extra run options)
 STANZA_CASES = [("cnn_momentum", "cnn", "momentum", {}), ("cnn_adam", "cnn", "adam", {}),

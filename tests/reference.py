@@ -16,10 +16,10 @@ def train_single_device(model: str, optimizer: str, size, steps: int = cases.STE
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)     # parallax_tf's default --seed
         # tf.data reads this rank's batches itself; the reference is fed the global batch instead
-        built = cases.build("mixed" if model == "tfdata" else model, optimizer)()
-        train = built.train_op if built.train_op is not None else built.optimizer.minimize(built.loss)
+        built = cases.build("mixed" if model in ("tfdata", "init_iter") else model, optimizer)()
+        train = built.train_op if built.train_op is not None else cases.minimize(built.optimizer, built.loss)
         with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
             for step, ranks in enumerate(sizes):
                 feeds = {graph.get_tensor_by_name(k + ":0"): v
                          for k, v in cases.global_batch(model, step, ranks).items()}
@@ -52,8 +52,11 @@ def train_per_rank_statistics(model: str, optimizer: str, size: int, steps: int 
         apply = cases.OPTIMIZERS[optimizer]().apply_gradients(zip(holders, trainable))
         state = [v for v in tf.compat.v1.global_variables() if "moving_" in v.op.name]
         handles = {v.handle.name for v in state}
+        fed = {name + ":0" for name in cases.batch(model, 0, 0)}
+        # a tf_keras functional model's updates of its own keras.Input call are never fed: not run
         updates = [op for op in graph.get_operations() if op.type.startswith("Assign") and op.inputs
-                   and op.inputs[0].name in handles and "Initializer" not in op.name and "/Assign" not in op.name[-7:]]
+                   and op.inputs[0].name in handles and "Initializer" not in op.name and "/Assign" not in op.name[-7:]
+                   and {p + ":0" for p in _placeholders(op)} <= fed]
         holders_state = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in state]
         set_state = [v.assign(h) for v, h in zip(state, holders_state)]
         with tf.compat.v1.Session(graph=graph) as sess:
@@ -79,6 +82,20 @@ def train_per_rank_statistics(model: str, optimizer: str, size: int, steps: int 
             values = _whole_values(sess)
             values.update(state_values(sess))
             return values
+
+
+def _placeholders(op) -> set:
+    seen, stack, found = set(), [op], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.type == "Placeholder":
+            found.add(current.name)
+        stack.extend(t.op for t in current.inputs)
+        stack.extend(current.control_inputs)
+    return found
 
 
 def state_values(sess):
