@@ -280,7 +280,7 @@ def build(model: str, optimizer: str):
             tags = tf.compat.v1.sparse_placeholder(tf.int64, name="tags")
             features = tf.nn.embedding_lookup_sparse(_embedding(), tags, None, combiner="mean")
             loss = _classification_loss(_dense_head(features))
-        elif model == "cnn":
+        elif model in ("cnn", "cnn_shards"):
             loss = _small_cnn()
         elif model == "ref_vars":          # non-resource (v1 "ref") variables
             emb = tf.compat.v1.get_variable("emb", [VOCAB, DIM], use_resource=False,
@@ -332,6 +332,7 @@ def batch(model: str, rank: int, step: int) -> dict:
     model = "mixed" if model in ("tfdata", "init_iter", "ref_vars", "clip_decay", "minimize_gs", "ema", "keras",
                                  "keras_clip") else model
     model = "keras_bn" if model in ("keras_app", "keras_app_bn", "keras_const") else model
+    model = "cnn" if model == "cnn_shards" else model
     rng = np.random.RandomState(1000 * step + rank)
     if model in ("vocab_column", "hash_table"):      # id VOCAB - 1: a word not in the vocabulary
         ids = rng.randint(0, VOCAB, [BATCH, IDS_PER_EXAMPLE])
@@ -373,6 +374,9 @@ def input_fn_for(model: str):
                                                                                                "shape")))
             return feeds
         return sparse_input_fn
+    if model == "cnn_shards":        # a list of two data shards: ctx.rank must be 0 or 1
+        shards = [[batch(model, r, step) for step in range(STEPS)] for r in range(2)]
+        return lambda ctx: shards[ctx.rank][ctx.step]
     return lambda ctx: batch(model, ctx.rank, ctx.step)
 
 
@@ -428,4 +432,4 @@ FROZEN_STATE = {"keras_app"}
 # runs them): (case name, model, optimizer, extra run options)
 STANZA_CASES = [("cnn_momentum", "cnn", "momentum", {}), ("cnn_adam", "cnn", "adam", {}),
                 ("cnn_bn", "cnn_bn", "momentum", {}), ("mixed_sgd", "mixed", "sgd", {})]
-CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES}
+CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES + [("cnn_shards", "cnn_shards", "momentum", {})]}

@@ -181,3 +181,82 @@ def test_ranks_waiting_in_different_collectives_stop_with_a_message():
     assert re.search(r"parallax_tf rank [01]: (step \d|collecting results) has not finished after 40s", output), \
         launch.tail(proc)
     assert time.time() - start < 150
+
+
+def _dense_model(optimizer):
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        return ptf.Model(loss=tf.reduce_mean(tf.matmul(x, w)), optimizer=optimizer())
+    return model_fn
+
+
+def test_a_new_keras_optimizer_is_refused_naming_the_legacy_one():
+    import tf_keras
+    with pytest.raises(ptf.ModelError, match=r"optimizer is tf_keras Adam: the new Keras optimizers train nothing "
+                                             r"in a tf.compat.v1 graph.*tf_keras.optimizers.legacy.Adam or "
+                                             r"tf.compat.v1.train.AdamOptimizer"):
+        _run_plan_only(_dense_model(lambda: tf_keras.optimizers.Adam(0.1)), lambda ctx: {"x": np.ones([2, 2])})
+
+
+def test_a_legacy_keras_optimizer_is_taken():
+    import tf_keras
+    result = _run_plan_only(_dense_model(lambda: tf_keras.optimizers.legacy.Adam(0.1)),
+                            lambda ctx: {"x": np.ones([2, 2], np.float32)})
+    assert [v.name for v in result.plan.variables] == ["w"]
+
+
+def _iterator_model(make_iterator):
+    def model_fn():
+        iterator = make_iterator(tf.data.Dataset.from_tensor_slices(np.ones([8, 2], np.float32)).batch(2))
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        return ptf.Model(loss=tf.reduce_mean(tf.matmul(iterator.get_next(), w)),
+                         optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    return model_fn
+
+
+def test_a_feedable_iterator_is_refused():
+    def feedable(dataset):
+        handle = tf.compat.v1.placeholder(tf.string, [], name="handle")
+        return tf.compat.v1.data.Iterator.from_string_handle(handle, tf.compat.v1.data.get_output_types(dataset),
+                                                             tf.compat.v1.data.get_output_shapes(dataset))
+    with pytest.raises(ptf.ModelError, match=r"feedable iterator .*from_string_handle.*make_initializable_iterator"):
+        _run_plan_only(_iterator_model(feedable))
+
+
+def test_a_reinitializable_iterator_with_two_datasets_is_refused():
+    def reinitializable(dataset):
+        iterator = tf.compat.v1.data.Iterator.from_structure(tf.compat.v1.data.get_output_types(dataset),
+                                                             tf.compat.v1.data.get_output_shapes(dataset))
+        iterator.make_initializer(dataset)
+        iterator.make_initializer(dataset.skip(1))
+        return iterator
+    with pytest.raises(ptf.ModelError, match=r"has 2 initializers .*reinitializable iterator.*TABLE_INITIALIZERS"):
+        _run_plan_only(_iterator_model(reinitializable))
+
+
+def test_an_initializer_that_needs_a_feed_is_refused():
+    def fed_iterator(dataset):
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2], name="rows")
+        return tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(rows).batch(2))
+    with pytest.raises(ptf.ModelError, match=r"initializer '.*' \(MakeIterator\) needs placeholder\(s\) \['rows'\] "
+                                             r"fed; parallax_tf runs initializers without feeds"):
+        _run_plan_only(_iterator_model(fed_iterator))
+
+
+def test_sparse_feeds_in_either_form_and_their_batch_size():
+    from parallax_tf.inspect_graph import make_feeds
+    from parallax_tf.runtime.session import batch_size
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.sparse_placeholder(tf.int64, name="tags")
+        tf.compat.v1.placeholder(tf.int64, [None], name="labels")
+    needed = ["labels", "tags/indices", "tags/shape", "tags/values"]
+    parts = {"tags/indices": np.array([[0, 0], [0, 1], [2, 0]]), "tags/values": np.array([4, 5, 6]),
+             "tags/shape": np.array([3, 2]), "labels": np.array([0, 1, 2])}
+    value = tf.compat.v1.SparseTensorValue(parts["tags/indices"], parts["tags/values"], parts["tags/shape"])
+    eager = tf.SparseTensor(parts["tags/indices"], parts["tags/values"], parts["tags/shape"])
+    for given in (parts, {"tags": value, "labels": parts["labels"]}, {"tags": eager, "labels": parts["labels"]}):
+        feeds = make_feeds(lambda ctx: given, None, needed, graph)
+        assert {t.name: v.tolist() for t, v in feeds.items()} == {f"{k}:0": v.tolist() for k, v in parts.items()}
+        assert batch_size(feeds) == 3       # the dense shape's rows, not the 3 ids nor 2 columns

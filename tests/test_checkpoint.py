@@ -97,3 +97,12 @@ def test_plain_saver_restores_into_the_single_device_graph(case):
     for name in ranks[0].files:
         if name.startswith("var:"):
             np.testing.assert_array_equal(restored[name[4:]], ranks[0][name])
+
+
+def test_an_initializable_iterator_continues_where_the_resumed_run_stopped():
+    """The iterator is initialised afresh on resume and advanced past the steps already trained."""
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    _train(2, "init_iter", out, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=3")
+    second = _train(2, "init_iter", out, "--steps=5", f"--ckpt_dir={ckpt}")
+    assert [int(r["start_step"]) for r in second] == [3, 3] and int(second[0]["global_step"]) == 5
+    _assert_close(second[0], reference.train_single_device("init_iter", "sgd", 2), 1e-5, "init_iter resumed")

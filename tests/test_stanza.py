@@ -91,6 +91,15 @@ def test_micro_batches_with_batch_norm_are_refused():
         _plan(cases.build("cnn_bn", "momentum"), cases.input_fn_for("cnn_bn"), microbatches=2)
 
 
+def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
+    """input_fn = lambda ctx: SHARDS[ctx.rank] with two shards at --np 3: the FC node (rank 2)
+    never calls it, inspection included."""
+    out = tempfile.mkdtemp(prefix="ptf-stanza-shards-")
+    proc = launch.run_ranks(3, ["tests/jobs/equivalence_job.py", out, "stanza", "cnn_shards", "--fc_nodes=1"])
+    assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
+    check(out, "cnn_shards", 3, conv_nodes=2)
+
+
 def _plan(model_fn, input_fn, ranks=3, **stanza):
     captured = capture(model_fn, input_fn, RunContext(), 0)
     return make_plan(captured, "stanza", ranks, 1, route_options={"fc_node": {"fc_nodes": 1, **stanza}})
