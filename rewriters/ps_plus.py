@@ -22,7 +22,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import ops
+from parallax_tf import ops, training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import WRITE_OPS, logical_name
 from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_LOCAL
@@ -106,7 +106,8 @@ def _one_supported_apply(training):
     if type(apply.optimizer) not in _OPTIMIZERS:
         raise ModelError(f"ps_plus applies pushes with its compiled op, which implements tf.compat.v1.train "
                          f"GradientDescentOptimizer, MomentumOptimizer, AdagradOptimizer and AdamOptimizer; the model uses "
-                         f"{type(apply.optimizer).__name__}. Switch optimizer or use --strategy hybrid")
+                         f"{training_graph.describe_optimizer(apply.optimizer)}. Switch optimizer (tf_keras' legacy "
+                         "optimizers place epsilon and momentum differently) or use --strategy hybrid")
     return apply
 
 

@@ -25,6 +25,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
 from rewriters.common import BuildRequest, Rebuilt
 
@@ -355,6 +356,11 @@ def unit_seed(seed: int, name: str, index: int) -> int:
 def _clone(optimizer):
     """A second instance of the model's optimizer (same hyper-parameters, own slots and
     non-slot state) for the global copies."""
+    if training_graph.is_legacy_keras_optimizer(optimizer):
+        # get_config/from_config would read the hyper-parameters in a session of tf_keras' own
+        clone = copy.copy(optimizer)
+        clone._slots, clone._weights, clone._iterations, clone._deferred_slot_restorations = {}, [], None, {}
+        return clone
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ModelError(f"slim_dp applies the model's optimizer to the global copy and needs a "
                          f"tf.compat.v1.train.Optimizer; got {type(optimizer).__name__}")

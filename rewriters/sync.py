@@ -80,11 +80,11 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
         transform_lib.unpack(crossing, token, elsewhere)
         step = [without(target, chief_only, gradient_ops, token.op)] + ps_route.pushes
+    step = step if isinstance(step, list) else [step]
     if sums is not None:
         # A collective every rank must submit, needed there or not. As a session target, not
         # a control input: only used by control, grappler drops it and rank 0 waits forever.
-        step = [step, sums.op]
-    step = step if isinstance(step, list) else [step]
+        step = step + [sums.op]
     for route in extras:
         step = step + route.after_step(list(step))
 

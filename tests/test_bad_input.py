@@ -260,3 +260,10 @@ def test_sparse_feeds_in_either_form_and_their_batch_size():
         feeds = make_feeds(lambda ctx: given, None, needed, graph)
         assert {t.name: v.tolist() for t, v in feeds.items()} == {f"{k}:0": v.tolist() for k, v in parts.items()}
         assert batch_size(feeds) == 3       # the dense shape's rows, not the 3 ids nor 2 columns
+
+
+def test_ps_plus_names_a_legacy_keras_optimizer_it_cannot_apply():
+    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", "/tmp", "ps_plus", "keras_momentum"], launcher="python")
+    assert proc.returncode != 0
+    assert "ps_plus applies pushes with its compiled op" in proc.stderr and "the model uses tf_keras legacy SGD" \
+        in proc.stderr, launch.tail(proc)

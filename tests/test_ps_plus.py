@@ -18,7 +18,7 @@ from tests import launch
 from tests.test_equivalence import _check_case
 
 ONE_RANK_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adagrad", "mixed_adam", "dense_only", "sparse_only", "clip_decay_adam",
-                  "keras_bn", "minimize_gs")
+                  "keras_bn", "minimize_gs", "vocab_column", "hash_table", "init_iter", "sparse_feed")
 ASYNC_STEPS = 120     # enough that a rank starting a second late still gets steps
 
 

@@ -14,7 +14,8 @@ from tests import cases, launch, reference
 from tests.test_equivalence import _check_case
 
 DEGENERATE = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
-DEGENERATE_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adam", "dense_only", "keras")
+DEGENERATE_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adam", "dense_only", "keras", "keras_momentum", "keras_adam",
+                    "vocab_column", "init_iter")
 # w1 is 4x5 (core 5, explored 5), w2 5x3 (core 4, explored 4); rounds every 2 steps; the core
 # set refreshed every 2 rounds.
 PARTIAL = {"core": 0.25, "explore": 0.25, "period": 2, "refresh": 2, "lambda": 1.0}
