@@ -94,7 +94,6 @@ class _Recorder:
         self.keras_layers: Dict[str, str] = {}
         self.keras_layer_objects: list = []
         self.variable_hook = variable_hook
-        self.keras_hooked = False
 
     @contextlib.contextmanager
     def recording(self):
@@ -115,10 +114,12 @@ class _Recorder:
 
         keras_class = _legacy_keras_optimizer_class()
         keras_apply = keras_class.apply_gradients if keras_class is not None else None
-        self.keras_hooked = keras_class is not None
 
-        def keras_apply_gradients(optimizer, grads_and_vars, *args, **kwargs):
-            return recorder.record_apply(lambda pairs: keras_apply(optimizer, pairs, *args, **kwargs),
+        def keras_apply_gradients(optimizer, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+            # Aggregating over the replicas of the graph's (default) distribution strategy is an
+            # identity that ties every gradient to every other (one IdentityN): left out, the
+            # math is the same and each gradient stays its variable's own.
+            return recorder.record_apply(lambda pairs: keras_apply(optimizer, pairs, name, False),
                                          optimizer, grads_and_vars, None)
 
         def creator(next_creator, **kwargs):
@@ -297,7 +298,7 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
                 updates += [u for u in _layer_updates(layer) if u not in updates
                             and set(needed_placeholders(u)) <= fed]
             with tf.control_dependencies(updates):
-                train_op = _minimize(recorder, model.optimizer, model.loss)
+                train_op = _minimize(model.optimizer, model.loss)
         if model.init_op is not None:
             tf.compat.v1.add_to_collection(MODEL_INIT_OPS, _as_operation(model.init_op))
     train_op = _as_operation(train_op)
@@ -330,7 +331,7 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
     return training
 
 
-def _minimize(recorder, optimizer, loss):
+def _minimize(optimizer, loss):
     """optimizer.minimize(loss) as single-device TF1 code runs it: a tf.compat.v1.train optimizer
     advances the model's global step (if it has one); a tf_keras one its own `iterations`."""
     if not is_legacy_keras_optimizer(optimizer):
@@ -338,10 +339,7 @@ def _minimize(recorder, optimizer, loss):
     variables = tf.compat.v1.trainable_variables()
     grads = tf.gradients(loss, variables)
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    if recorder.keras_hooked:
-        return optimizer.apply_gradients(pairs)
-    apply = type(optimizer).apply_gradients      # tf_keras was imported after recording began
-    return recorder.record_apply(lambda p: apply(optimizer, p), optimizer, pairs, None)
+    return optimizer.apply_gradients(pairs)
 
 
 def _layer_updates(layer) -> list:

@@ -431,5 +431,6 @@ FROZEN_STATE = {"keras_app"}
 # Models with a feature extractor below an FC head, for Stanza (not in CASES: not every strategy
 # runs them): (case name, model, optimizer, extra run options)
 STANZA_CASES = [("cnn_momentum", "cnn", "momentum", {}), ("cnn_adam", "cnn", "adam", {}),
-                ("cnn_bn", "cnn_bn", "momentum", {}), ("mixed_sgd", "mixed", "sgd", {})]
+                ("cnn_bn", "cnn_bn", "momentum", {}), ("mixed_sgd", "mixed", "sgd", {}),
+                ("cnn_keras_adam", "cnn", "keras_adam", {})]
 CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES + [("cnn_shards", "cnn_shards", "momentum", {})]}
