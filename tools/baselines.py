@@ -7,6 +7,8 @@
 Each returns per-step wall times and examples per step, like parallax_tf.run's Result."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 
 import tensorflow as tf
@@ -68,11 +70,33 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
             "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
 
 
-def _with_optimizer(model, baseline: str):
-    if model.optimizer is None:
-        raise SystemExit(f"the {baseline} baseline wraps the model's optimizer and needs "
-                         "Model(loss=, optimizer=); this model returns its own train_op")
-    return model
+@contextlib.contextmanager
+def _every_apply(wrap):
+    """While model_fn builds its own train op, every tf.compat.v1.train optimizer's
+    apply_gradients goes through `wrap(apply, optimizer, grads_and_vars, global_step, name)`:
+    how a user makes a train op with several optimizers (wide & deep) distributed by hand."""
+    cls = tf.compat.v1.train.Optimizer
+    original = cls.apply_gradients
+    inside = []
+
+    def apply_gradients(optimizer, grads_and_vars, global_step=None, name=None):
+        if inside:       # the wrapper's own apply (SyncReplicasOptimizer applies the model's)
+            return original(optimizer, grads_and_vars, global_step, name)
+        inside.append(optimizer)
+        try:
+            return wrap(functools.partial(original, optimizer), optimizer, list(grads_and_vars), global_step, name)
+        finally:
+            inside.pop()
+    cls.apply_gradients = apply_gradients
+    try:
+        yield
+    finally:
+        cls.apply_gradients = original
+
+
+def _initialise(sess) -> None:
+    sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
+              tf.compat.v1.tables_initializer()])
 
 
 def _single(model_fn, input_fn, steps, seed):
@@ -83,7 +107,7 @@ def _single(model_fn, input_fn, steps, seed):
         model = call_model_fn(model_fn, ctx)
         train = model.train_op if model.train_op is not None else model.optimizer.minimize(model.loss)
         sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
-        sess.run(tf.compat.v1.global_variables_initializer())
+        _initialise(sess)
     return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
 
 
@@ -92,12 +116,20 @@ def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
-        model = _with_optimizer(call_model_fn(model_fn, ctx), "horovod")
-        optimizer = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense)
-        train = optimizer.minimize(model.loss)
+        def averaged(apply, optimizer, grads_and_vars, global_step, name):
+            # what hvd.DistributedOptimizer does to each gradient (IndexedSlices by allgather)
+            pairs = [(g if g is None else hvd.allreduce(tf.convert_to_tensor(g) if sparse_as_dense else g,
+                                                         op=hvd.Average), v) for g, v in grads_and_vars]
+            return apply(pairs, global_step, name)
+        with _every_apply(averaged):
+            model = call_model_fn(model_fn, ctx)
+        if model.train_op is not None:
+            train = model.train_op
+        else:
+            train = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense).minimize(model.loss)
         broadcast = hvd.broadcast_global_variables(0)
         sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
-        sess.run(tf.compat.v1.global_variables_initializer())
+        _initialise(sess)
         sess.run(broadcast)
     return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
 
@@ -112,14 +144,30 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
             ps_tasks=num_ps, worker_device=f"/job:worker/task:{ctx.rank}", cluster=cluster.spec,
             ps_strategy=GreedyByBytes(num_ps))
         with tf.compat.v1.device(setter):   # TF2 tf.device takes no device functions
-            model = _with_optimizer(call_model_fn(model_fn, ctx), "tf_ps")
+            synced = []
+
+            def synchronous(apply, optimizer, grads_and_vars, global_step, name):
+                # one SyncReplicasOptimizer per optimizer of the model's own train op; it needs a
+                # step to check staleness: the model's, else one of its own
+                sync = tf.compat.v1.train.SyncReplicasOptimizer(optimizer, replicas_to_aggregate=ctx.size,
+                                                                total_num_replicas=ctx.size)
+                synced.append(sync)
+                step = global_step if global_step is not None else tf.compat.v1.Variable(
+                    0, dtype=tf.int64, trainable=False, name=f"sync_step_{len(synced)}")
+                return sync.apply_gradients(grads_and_vars, step, name)
+            with _every_apply(synchronous):
+                model = call_model_fn(model_fn, ctx)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
-                model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
-            train = optimizer.minimize(model.loss, global_step=global_step)
+            if model.train_op is not None:
+                train = model.train_op
+            else:
+                synced.append(tf.compat.v1.train.SyncReplicasOptimizer(
+                    model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size))
+                train = synced[-1].minimize(model.loss, global_step=global_step)
         # as TF's own examples run it: every worker until the global step reaches `steps` (a
         # worker's own step count is not the aggregation count: tokens go to whoever asks first)
-        hooks = [optimizer.make_session_run_hook(ctx.rank == 0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
+        hooks = [sync.make_session_run_hook(ctx.rank == 0) for sync in synced] \
+            + [tf.compat.v1.train.StopAtStepHook(last_step=steps)]
     # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
     config = pool_threads.config(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
                                  operation_timeout_in_ms=120_000)

@@ -41,7 +41,7 @@ def held_out_losses(model_fn, input_fn, snapshots) -> list:
                  for i in range(HELD_OUT_BATCHES)]          # ranks no training run has
         out = []
         with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
             for variables in snapshots:
                 for var in (v for v in tf.compat.v1.global_variables() if logical_name(v) in variables):
                     var.load(variables[logical_name(var)], sess)
