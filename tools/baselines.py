@@ -144,30 +144,28 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
             ps_tasks=num_ps, worker_device=f"/job:worker/task:{ctx.rank}", cluster=cluster.spec,
             ps_strategy=GreedyByBytes(num_ps))
         with tf.compat.v1.device(setter):   # TF2 tf.device takes no device functions
-            synced = []
+            applies = []
 
-            def synchronous(apply, optimizer, grads_and_vars, global_step, name):
-                # one SyncReplicasOptimizer per optimizer of the model's own train op; it needs a
-                # step to check staleness: the model's, else one of its own
-                sync = tf.compat.v1.train.SyncReplicasOptimizer(optimizer, replicas_to_aggregate=ctx.size,
-                                                                total_num_replicas=ctx.size)
-                synced.append(sync)
-                step = global_step if global_step is not None else tf.compat.v1.Variable(
-                    0, dtype=tf.int64, trainable=False, name=f"sync_step_{len(synced)}")
-                return sync.apply_gradients(grads_and_vars, step, name)
-            with _every_apply(synchronous):
+            def collected(apply, optimizer, grads_and_vars, global_step, name):
+                applies.append((optimizer, grads_and_vars, global_step))
+                return tf.no_op()
+            with _every_apply(collected):
                 model = call_model_fn(model_fn, ctx)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            if model.train_op is not None:
-                train = model.train_op
+            if model.train_op is None:
+                optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                    model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
+                train = optimizer.minimize(model.loss, global_step=global_step)
             else:
-                synced.append(tf.compat.v1.train.SyncReplicasOptimizer(
-                    model.optimizer, replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size))
-                train = synced[-1].minimize(model.loss, global_step=global_step)
+                # one SyncReplicasOptimizer aggregates every gradient of the step: one per optimizer
+                # would each keep a token queue, and workers deadlock between them at the end
+                optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                    _OneApply(applies), replicas_to_aggregate=ctx.size, total_num_replicas=ctx.size)
+                train = optimizer.apply_gradients([pair for _, pairs, _ in applies for pair in pairs],
+                                                  global_step=global_step)
         # as TF's own examples run it: every worker until the global step reaches `steps` (a
         # worker's own step count is not the aggregation count: tokens go to whoever asks first)
-        hooks = [sync.make_session_run_hook(ctx.rank == 0) for sync in synced] \
-            + [tf.compat.v1.train.StopAtStepHook(last_step=steps)]
+        hooks = [optimizer.make_session_run_hook(ctx.rank == 0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
     # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
     config = pool_threads.config(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
                                  operation_timeout_in_ms=120_000)
@@ -200,6 +198,27 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
     # (the cap only bounds a broken run).
     return _loop(step, graph, model, input_fn, ctx, STALE_RUNS_CAP * steps,
                  before_barrier=sess.close if ctx.rank == 0 else None)
+
+
+class _OneApply(tf.compat.v1.train.Optimizer):
+    """The applies of a train op with several optimizers (wide & deep: FTRL and Adagrad) as one
+    optimizer, for one SyncReplicasOptimizer: each model optimizer applies to its variables, the
+    one that advanced the global step advances it (the first, if none did)."""
+
+    def __init__(self, applies):
+        super().__init__(use_locking=False, name="OneApply")
+        self.owners = [(optimizer, {v.op.name for _, v in pairs}, step is not None)
+                       for optimizer, pairs, step in applies]
+        if not any(advances for _, _, advances in self.owners):
+            self.owners[0] = self.owners[0][:2] + (True,)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = list(grads_and_vars)     # SyncReplicasOptimizer hands a zip
+        ops = []
+        for optimizer, names, advances in self.owners:
+            pairs = [(g, v) for g, v in grads_and_vars if v.op.name in names and g is not None]
+            ops.append(optimizer.apply_gradients(pairs, global_step if advances else None))
+        return tf.group(*ops)
 
 
 class GreedyByBytes:
