@@ -13,45 +13,11 @@ from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import logical_name
 from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_PS, Plan
+from parallax_tf.runtime.topology import Topology
 from parallax_tf.values import Part
+from rewriters.transform import rewire
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
-
-
-@dataclasses.dataclass
-class Topology:
-    """Who runs where, as the rewriter needs it (plain data; the runtime fills it)."""
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    host: int                  # index of this rank's host = index of the PS task on it
-    ranks_per_host: List[int]  # number of ranks on each host
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def worker_device(self) -> str:
-        return f"/job:worker/task:{self.rank}"
-
-    @property
-    def server_ranks(self) -> List[int]:
-        """The ranks whose server holds their host's PS state: the first rank of each host."""
-        firsts, start = [], 0
-        for count in self.ranks_per_host:
-            firsts.append(start)
-            start += count
-        return firsts
-
-    def host_of(self, rank: int) -> int:
-        start = 0
-        for host, count in enumerate(self.ranks_per_host):
-            start += count
-            if rank < start:
-                return host
-        raise ValueError(f"rank {rank} is on no host of {self.ranks_per_host}")
 
 
 @dataclasses.dataclass
@@ -192,7 +158,6 @@ def pull_distinct_rows(variable, needed: set) -> dict:
     the gradient is still taken per looked-up id, as single-device TF does (a gradient transform
     such as a global norm sees the same rows)."""
     from tensorflow.python.ops import gen_resource_variable_ops
-    from rewriters.transform import rewire      # transform imports this module
     expansions = {}
     for op in list(variable.handle.consumers()):
         if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0 or op not in needed:

@@ -26,7 +26,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
-from rewriters.common import ancestors
+from parallax_tf.training_graph import ancestors
 
 _REDUCTIONS = {"L2Loss", "Sum"}
 # Element-wise ops a sparse PS variable's rows may pass through on the way to a reduction.

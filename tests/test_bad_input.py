@@ -245,7 +245,7 @@ def test_an_initializer_that_needs_a_feed_is_refused():
 
 
 def test_sparse_feeds_in_either_form_and_their_batch_size():
-    from parallax_tf.inspect_graph import make_feeds
+    from parallax_tf.feeds import make_feeds
     from parallax_tf.runtime.session import batch_size
     graph = tf.Graph()
     with graph.as_default():

@@ -14,13 +14,13 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from parallax_tf.inspect_graph import call_model_fn, make_feeds
-from parallax_tf.training_graph import needed_placeholders
-from parallax_tf.model import RunContext
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
+from parallax_tf.feeds import make_feeds
+from parallax_tf.model import RunContext
 from parallax_tf.runtime import pool_threads, session as session_lib
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.cluster import start_cluster
+from parallax_tf.training_graph import call_model_fn, needed_placeholders
 
 BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
 STALE_RUNS_CAP = 4

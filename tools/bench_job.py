@@ -30,7 +30,8 @@ def held_out_loss(model_fn, input_fn, variables) -> float:
 def held_out_losses(model_fn, input_fn, snapshots) -> list:
     """held_out_loss of each of several sets of values, in one graph."""
     import tensorflow as tf
-    from parallax_tf.inspect_graph import logical_name, make_feeds
+    from parallax_tf.feeds import make_feeds
+    from parallax_tf.inspect_graph import logical_name
     from parallax_tf.model import RunContext
     from parallax_tf.training_graph import call_model_fn
     graph = tf.Graph()

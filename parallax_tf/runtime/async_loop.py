@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf.errors import Diverged
-from parallax_tf.inspect_graph import make_feeds
+from parallax_tf.feeds import make_feeds
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.session import PeerLost, batch_size
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
 from parallax_tf.runtime import bind, pool_threads
-from rewriters.common import Topology
+from parallax_tf.runtime.topology import Topology
 
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf.errors import ClusterError, Diverged
-from parallax_tf.inspect_graph import make_feeds
+from parallax_tf.feeds import make_feeds
 from parallax_tf.model import RunContext
 from parallax_tf.runtime import placement, pool_threads
 from parallax_tf.runtime.hooks import StepStats

@@ -39,7 +39,8 @@ def main():
     from parallax_tf.planner import make_plan
     from parallax_tf.runtime import cluster as cluster_lib
     from rewriters import REWRITERS
-    from rewriters.common import BuildRequest, Topology
+    from parallax_tf.runtime.topology import Topology
+    from rewriters.common import BuildRequest
     hvd.init()        # one process: the graph's allreduce is built, never run here
     ports = cluster_lib.free_ports("localhost", 4, None)
     spec = {"worker": [f"localhost:{p}" for p in ports[:2]], "ps": [f"localhost:{p}" for p in ports[2:]]}

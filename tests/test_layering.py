@@ -1,0 +1,81 @@
+"""The layers point one way: the runtime never imports a rewriter, the core reaches the
+rewriters only through api's registry, nothing under parallax_tf/ or rewriters/ imports the
+tools, and no modules import each other in a cycle (lazy imports inside functions count)."""
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("parallax_tf", "rewriters")
+
+
+def _modules() -> dict:
+    """Module name -> file, for the packages and the tools."""
+    found = {}
+    for package in PACKAGES + ("tools",):
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    return found
+
+
+def _imports(module: str, path: str, known: dict) -> set:
+    """The project modules `module` imports (`from a import b` names a.b when b is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                    for a in node.names}
+    return {m for m in out if m in known and m != module}
+
+
+def _graph() -> dict:
+    known = _modules()
+    return {m: _imports(m, p, known) for m, p in known.items()}
+
+
+def test_the_runtime_imports_no_rewriter_and_the_core_only_through_api():
+    graph = _graph()
+    wrong = sorted((m, i) for m, deps in graph.items() if m.startswith("parallax_tf")
+                   for i in deps if i.split(".")[0] == "rewriters" and m != "parallax_tf.api")
+    assert not wrong, f"modules of parallax_tf importing a rewriter: {wrong}"
+
+
+def test_the_toolkit_imports_no_tool():
+    graph = _graph()
+    wrong = sorted((m, i) for m, deps in graph.items() if m.split(".")[0] in PACKAGES
+                   for i in deps if i.split(".")[0] == "tools")
+    assert not wrong, f"parallax_tf/rewriters importing tools: {wrong}"
+
+
+def test_no_import_cycle():
+    graph = {m: {d for d in deps if d.split(".")[0] in PACKAGES}
+             for m, deps in _graph().items() if m.split(".")[0] in PACKAGES}
+    state, cycles = {}, []
+
+    def visit(module, path):
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                cycles.append(path[path.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[module] = "done"
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    # a package's __init__ importing its own modules is not a cycle between modules
+    cycles = [c for c in cycles if not all(m == c[0] or m.startswith(c[0] + ".") or c[0].startswith(m + ".")
+                                           for m in c)]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_checks_see_the_imports():
+    """The graph is not empty: a moved folder or a parse change would make the checks pass vacuously."""
+    graph = _graph()
+    assert "rewriters.common" in graph["rewriters.sync"] and "rewriters" in graph["parallax_tf.api"]
+    assert "parallax_tf.runtime.topology" in graph["parallax_tf.runtime.cluster"]
