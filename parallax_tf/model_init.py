@@ -48,7 +48,7 @@ def initializers(graph, step: Iterable) -> List[tf.Operation]:
         chosen += [o for o in sorted(ancestors(op), key=lambda o: o._id) if o.type in INITIALIZER_OPS]
     needed = _needed(step)
     for iterator in _iterators_read(needed):
-        chosen.append(_iterator_initializer(graph, iterator, chosen))
+        chosen.append(_iterator_initializer(iterator, chosen))
     unique = list(dict.fromkeys(chosen))
     for op in unique:
         fed = needed_placeholders(op)
@@ -82,7 +82,7 @@ def _iterators_read(needed: set) -> List[tf.Operation]:
     return found
 
 
-def _iterator_initializer(graph, iterator: tf.Operation, declared_inits: list):
+def _iterator_initializer(iterator: tf.Operation, declared_inits: list):
     """The one MakeIterator of an initializable iterator (a reinitializable iterator has one per
     dataset: the one registered in TABLE_INITIALIZERS, the TF1 idiom, wins)."""
     makers = [op for op in iterator.outputs[0].consumers() if op.type == "MakeIterator"]

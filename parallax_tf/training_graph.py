@@ -22,7 +22,7 @@ import tensorflow as tf
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext
 
-# The collection Model.init_op is recorded in (parallax_tf.model_init runs it on every rank).
+# The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
 MODEL_INIT_OPS = "parallax_model_init_ops"
 
 OPTIMIZER_FORM_HELP = ("return parallax_tf.Model(loss=<scalar tensor>, optimizer=<tf.compat.v1.train optimizer>) "
@@ -200,13 +200,15 @@ def _check_optimizer(optimizer) -> None:
     if isinstance(optimizer, tf.compat.v1.train.Optimizer) or is_legacy_keras_optimizer(optimizer):
         return
     module, name = type(optimizer).__module__, type(optimizer).__name__
-    fix = (f"use tf_keras.optimizers.legacy.{name} or tf.compat.v1.train.{name}Optimizer "
-           "(GradientDescent, Momentum, Adagrad, Adam, Ftrl, RMSProp, ...)")
+    v1_name = {"SGD": "GradientDescent", "Adagrad": "Adagrad", "Adam": "Adam", "Ftrl": "Ftrl",
+               "RMSprop": "RMSProp", "Adadelta": "Adadelta"}.get(name)
+    fix = (f"use tf_keras.optimizers.legacy.{name} or tf.compat.v1.train.{v1_name}Optimizer" if v1_name else
+           "use a tf.compat.v1.train optimizer (GradientDescent, Momentum, Adagrad, Adam, Ftrl, RMSProp, ...)")
     if module.startswith(("tf_keras", "keras")):
         raise ModelError(f"optimizer is {describe_optimizer(optimizer)}: the new Keras optimizers train nothing in a "
-                         f"tf.compat.v1 graph (their updates never run in a v1 session); {fix}")
+                         f"tf.compat.v1 graph (no variable moves, even on one device); {fix}")
     raise ModelError(f"optimizer is a {describe_optimizer(optimizer)}; parallax_tf needs a tf.compat.v1.train "
-                     "optimizer or a tf_keras.optimizers.legacy one: " + fix)
+                     f"optimizer or a tf_keras.optimizers.legacy one: {fix}")
 
 
 @contextlib.contextmanager
