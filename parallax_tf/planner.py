@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
-from parallax_tf.errors import ConfigError, ModelError
+from parallax_tf import layer_cut, pipeline_cut
+from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
 from parallax_tf.plan import (ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_LOCAL, ROUTE_PS, ROUTE_SIGNIFICANT,
-                              ROUTE_STAGE, LayerSplit, Pipeline, Plan, Shard, Stage, VariablePlan, human_bytes)
+                              ROUTE_STAGE, LayerSplit, Pipeline, Plan, Shard, VariablePlan)
 
 STRATEGIES = ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -48,9 +49,10 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
         for entry in plan.variables:
             entry.reason = f"auto chose stanza ({why}; one batch per conv node): {entry.reason}"
         return plan
-    split = layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {}), cluster=cost_cluster) \
+    split = layer_cut.layer_split(capture, num_ranks, **route_options.get(ROUTE_FC_NODE, {}), cluster=cost_cluster) \
         if strategy == "stanza" else None
-    pipeline = pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) if strategy == "dsp" else None
+    pipeline = pipeline_cut.pipeline_split(capture, num_ranks, **route_options.get(ROUTE_STAGE, {})) \
+        if strategy == "dsp" else None
     stage_of = {name: stage.index for stage in pipeline.stages for name in stage.variables} if pipeline else {}
     decided = []
     for info in capture.variables:
@@ -100,56 +102,6 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
                 pipeline=pipeline)
 
 
-def layer_split(capture: Capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1, sends: str = "auto",
-                cluster=None) -> LayerSplit:
-    """Stanza: the last `fc_nodes` ranks train the FC head; the others (conv nodes) are split
-    into as even contiguous groups, one per FC node. `sends`: a group's conv nodes send
-    "together", "staggered", or "auto": staggered where together they would overflow the FC
-    node's port on `cluster` (a costmodel.Cluster; None: together)."""
-    if capture.head is None:
-        raise ModelError(f"--strategy stanza: {capture.head_problem}")
-    if not 1 <= fc_nodes < num_ranks:
-        raise ConfigError(f"--fc_nodes={fc_nodes} with {num_ranks} rank(s): stanza needs at least one FC node and "
-                          f"one conv node (1 <= --fc_nodes < ranks); start more ranks or use --strategy hybrid")
-    conv = list(range(num_ranks - fc_nodes))
-    if fc_nodes > len(conv):
-        raise ConfigError(f"--fc_nodes={fc_nodes} exceeds the {len(conv)} conv node(s) they would serve; use at "
-                          f"most {len(conv)} FC nodes or more ranks")
-    if microbatches < 1:
-        raise ConfigError(f"--stanza_microbatches must be >= 1, got {microbatches}")
-    sparse_head = [v.name for v in capture.variables if v.name in capture.head.variables and v.gradient == "sparse"]
-    if fc_nodes > 1 and sparse_head:
-        raise ConfigError(f"--fc_nodes={fc_nodes} with a sparse gradient in the FC head ({sparse_head[0]!r}): FC "
-                          "nodes sum only dense head gradients among themselves; use --fc_nodes=1")
-    batch_state = [s.name for s in capture.state if s.per_rank]
-    if microbatches > 1 and batch_state:
-        raise ConfigError(f"--stanza_microbatches={microbatches} with model state computed from the batch "
-                          f"({batch_state[0]!r}, e.g. batch norm): each micro-batch would have its own batch "
-                          "statistics, so training would differ from single-device; use --stanza_microbatches=1")
-    if sends not in ("auto", "together", "staggered"):
-        raise ConfigError(f"--stanza_sends={sends}: choose auto, together or staggered")
-    bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
-    groups = [conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)]
-    staggered, why = _sends(capture, max(map(len, groups)), microbatches, sends, cluster)
-    return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)), groups=groups,
-                      cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered, sends_reason=why)
-
-
-def _sends(capture: Capture, group: int, microbatches: int, sends: str, cluster):
-    """Whether a group's conv nodes send one at a time, and why."""
-    if sends != "auto":
-        return sends == "staggered", f"{sends} (--stanza_sends)"
-    if cluster is None:
-        return False, "together (no cluster to plan for)"
-    from parallax_tf import stanza_cost
-    activations = (capture.batch_size or 1) * sum(t.bytes_per_example for t in capture.head.cut
-                                                  if t.kind == "activation")
-    burst, queue = stanza_cost.fan_in(group, activations, cluster, microbatches)
-    staggered = stanza_cost.staggers(group, activations, cluster, microbatches)
-    return staggered, (f"{'staggered' if staggered else 'together'}: {group} conv node(s) send "
-                       f"{human_bytes(burst)} at once, the FC node's port queues {human_bytes(queue)}")
-
-
 # the cost model that picks routes (auto) and shard counts (every PS route) needs a step's compute;
 # stanza's whether to stagger its sends, the batch's size (timed with the head)
 MEASUREMENTS = {"auto": {"time_compute": True}, "hybrid": {"time_compute": True}, "ps": {"time_compute": True},
@@ -159,53 +111,6 @@ MEASUREMENTS = {"auto": {"time_compute": True}, "hybrid": {"time_compute": True}
 def measurements(strategy: str) -> dict:
     """What capture must measure for the planner to plan `strategy` (keyword arguments)."""
     return MEASUREMENTS.get(strategy, {})
-
-
-def pipeline_split(capture: Capture, num_ranks: int, stages: Optional[int] = None, replicas: int = 1,
-                   cuts: Optional[List[str]] = None, grad_scale: float = 1.0, schedule: str = "dsp") -> Pipeline:
-    """DSP: K = `stages` consecutive stages (default: every rank, one pipeline) times `replicas`
-    pipelines; the cuts balance the measured compute (pipeline_cut.balanced) unless named."""
-    from parallax_tf import pipeline_cut
-    if replicas < 1:
-        raise ConfigError(f"--dsp_replicas must be >= 1, got {replicas}")
-    if schedule == "locked" and replicas > 1:
-        raise ConfigError("--dsp_schedule=locked (the baseline: one batch in the pipeline) runs one pipeline; "
-                          "use --dsp_replicas=1")
-    count = stages if stages else (len(cuts) + 1 if cuts else num_ranks // replicas)
-    if count < 1 or count * replicas != num_ranks:
-        raise ConfigError(f"--stages={count} x --dsp_replicas={replicas} = {count * replicas} rank(s), but the job has "
-                          f"{num_ranks}: start stages x replicas ranks, or change --stages / --dsp_replicas")
-    if cuts and len(cuts) != count - 1:
-        raise ConfigError(f"--dsp_cuts names {len(cuts)} tensor(s) but --stages={count} needs {count - 1} "
-                          "(one where each stage after the first begins)")
-    batch_state = [s.name for s in capture.state if s.per_rank]
-    if batch_state:
-        raise ConfigError(f"--strategy dsp with model state computed from the batch ({batch_state[0]!r}, e.g. batch "
-                          "norm): the recomputed forward would update it a second time from a stale batch; use "
-                          "--strategy hybrid, or a model without batch statistics")
-    found = capture.pipeline
-    if found is None:
-        raise ConfigError("--strategy dsp needs the pipeline cut points measured by capture(pipeline=True)")
-    try:
-        chosen = pipeline_cut.check_named(found, cuts) if cuts else pipeline_cut.balanced(found, count)
-    except ValueError as err:
-        names = ", ".join(p.name for p in found.points[:8]) or "none"
-        raise ConfigError(f"--stages={count}: {err}. Cut points found: {names}"
-                          f"{', ...' if len(found.points) > 8 else ''}; use fewer stages or name the cuts "
-                          "with --dsp_cuts") from None
-    costs = pipeline_cut.stage_costs(found, chosen)
-    total = sum(costs) or 1.0
-    bounds = [None] + chosen + [None]
-    out = []
-    for k in range(count):
-        below, above = set(bounds[k].variables) if bounds[k] else set(), bounds[k + 1]
-        mine = sorted((set(above.variables) if above else set(found.variables)) - below)
-        entering = bounds[k]
-        out.append(Stage(index=k, ranks=[p * count + k for p in range(replicas)], variables=mine,
-                         compute_share=costs[k] / total, input=entering.name if entering else None,
-                         input_shape=entering.shape if entering else [],
-                         input_bytes_per_example=entering.bytes_per_example if entering else 0))
-    return Pipeline(stages=out, replicas=replicas, grad_scale=grad_scale, schedule=schedule)
 
 
 def _stage_route(info: VariableInfo, stage_of: dict, pipeline: Pipeline):

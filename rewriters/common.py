@@ -34,7 +34,6 @@ class BuildRequest:
 class DistributedGraph:
     graph: tf.Graph
     loss: tf.Tensor
-    mean_loss: tf.Tensor                        # the loss averaged over ranks
     train_op: List[tf.Operation]                # the step's targets
     global_step: tf.Tensor                      # read of the one global step
     parts: Dict[str, List[Part]]                # logical name -> its pieces in this graph
@@ -44,7 +43,6 @@ class DistributedGraph:
     barrier: object                             # runtime.barriers: the run's rendezvous points
     bytes_per_step: Dict[str, tf.Tensor]        # route -> bytes this rank moved in the step
     lower_bound_bytes: tf.Tensor = None         # the least the plan's variables need per step
-    global_step_var: tf.Variable = None
     # (optimizer, variables it updates in this graph): where slots and non-slot state live
     optimizers: List[tuple] = dataclasses.field(default_factory=list)
     # StepReport.summed(): [loss, checkpoint requests, the previous step's bytes per route...]

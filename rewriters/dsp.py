@@ -92,11 +92,11 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     import horovod.tensorflow as hvd
     local = tf.compat.v1.global_variables()
     return DistributedGraph(
-        graph=graph, loss=stage_graph.backward["loss"], mean_loss=stage_graph.backward["loss"], train_op=[step],
+        graph=graph, loss=stage_graph.backward["loss"], train_op=[step],
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        bytes_per_step=moved, global_step_var=global_step, lower_bound_bytes=tf.constant(0, tf.int64),
+        bytes_per_step=moved, lower_bound_bytes=tf.constant(0, tf.int64),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in rebuilt.training.applies],
         train_loop=functools.partial(dsp_runner.train_pipeline, stage_graph=stage_graph))
 

@@ -84,13 +84,13 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                                 route=ROUTE_ASYNC_PS, histogram=histogram.read_value(),
                                 task_versions={task: info["version"].read_value() for task, info in state.tasks.items()})
     dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=training.loss,
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
         train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server), histogram.initializer] + barrier.init_ops,
         local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
                             tf.compat.v1.local_variables_initializer()),
         broadcast=None, barrier=barrier, bytes_per_step={},
-        global_step_var=global_step, optimizers=[(state, state.slotted)],
+        optimizers=[(state, state.slotted)],
         working_copies=state.working_copies, saved_as=state.saved_as,
         train_loop=functools.partial(async_loop.train, spec=spec),
         final_report=functools.partial(async_loop.final_report, spec=spec),

@@ -78,11 +78,11 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     local = tf.compat.v1.global_variables()
     import horovod.tensorflow as hvd
     return DistributedGraph(
-        graph=graph, loss=summed[0], mean_loss=summed[0], train_op=[step] + built.targets,
+        graph=graph, loss=summed[0], train_op=[step] + built.targets,
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        bytes_per_step=built.bytes, global_step_var=global_step,
+        bytes_per_step=built.bytes,
         lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
         report=summed, report_routes=sorted(built.bytes), checkpoint_request=report.checkpoint_request,

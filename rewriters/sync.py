@@ -103,12 +103,12 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         plan.by_name()[name].layout = layout
     summed = report.summed(allreduce.rider_sum)
     dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss, mean_loss=summed[0],
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
         train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=broadcast, barrier=CollectiveBarrier(),
-        bytes_per_step=byte_counts, global_step_var=global_step,
+        bytes_per_step=byte_counts,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),
         optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
