@@ -4,8 +4,8 @@ A TF1 script runs `tables_initializer()`, the local-init op of a Scaffold and it
 initializers before training. On every rank that runs the model's ops the toolkit runs the same:
 - lookup-table initializers (TABLE_INITIALIZERS: vocabulary feature columns, StaticHashTable,
   index_table_from_tensor register there);
-- whatever LOCAL_INIT_OP and Model.init_op run, minus their variable writes (variables start
-  from the single-device values rank 0 captured, which already include those writes);
+- the initializer ops inside LOCAL_INIT_OP and Model.init_op, not their variable writes
+  (variables start from their own initializers' single-device values, as everywhere);
 - the initializer of every initializable tf.data iterator the step reads from.
 Only initializer ops themselves are run (see INITIALIZER_OPS), never a whole group that would
 also reset variables a parameter server holds.

@@ -100,7 +100,7 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard, input_read
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)                # replicas, a replicated global step among them
         start = int(sess.run(dgraph.global_step))
-        for _ in range(start):      # tf.data input continues where the resumed run stopped
+        for _ in range(start if input_reads else 0):   # tf.data input continues where the resumed run stopped
             sess.run(input_reads)
         # every rank has read the starting step before any trains: an asynchronous rank 0 would
         # otherwise push its first step while a slower rank still reads, which then starts at 1
