@@ -39,6 +39,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from models import data, run_and_report
+from models.cnn import dense
 
 flags.DEFINE_integer("recsys_user_buckets", 100000, "Hash buckets of user_id (the large, sharded table).")
 flags.DEFINE_integer("recsys_item_buckets", 10000, "Hash buckets of item_id.")
@@ -90,16 +91,6 @@ def columns(user_buckets: int, item_buckets: int, buckets: int):
             stddev=1.0 / np.sqrt(width), seed=500 + index)))
     categorical.append(fc.crossed_column(list(CROSS), buckets))
     return categorical, embedded
-
-
-def dense(x, name: str, units: int, seed: int, relu: bool):
-    with tf.compat.v1.variable_scope(name):
-        kernel = tf.compat.v1.get_variable(
-            "kernel", [int(x.shape[-1]), units],
-            initializer=tf.compat.v1.variance_scaling_initializer(2.0 if relu else 1.0, seed=seed))
-        bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
-        y = tf.nn.bias_add(tf.matmul(x, kernel), bias)
-    return tf.nn.relu(y) if relu else y
 
 
 def make_model_fn(user_buckets: int = DEFAULTS["user_buckets"], item_buckets: int = DEFAULTS["item_buckets"],
