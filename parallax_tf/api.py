@@ -6,13 +6,14 @@ import itertools
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+import rewriters  # noqa: F401  (registers the techniques: the core reaches them only through parallax_tf.strategy)
 from parallax_tf import flags as ptf_flags
-from parallax_tf import model_init
+from parallax_tf import model_init, strategy as strategy_lib
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
@@ -21,20 +22,24 @@ from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import launch, launcher, placement, quiet, session
-from parallax_tf.runtime.hooks import Checkpointer, Progress, StepStats, StepTracer, Summaries, format_histogram
+from parallax_tf.runtime.hooks import (Checkpointer, Hook, Progress, StepStats, StepTracer, Summaries,
+                                      format_histogram)
+from parallax_tf.runtime.runner import RunInputs
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
 
 _RUN_IDS = itertools.count()
+ptf_flags.define_strategy_flag()
 
 
 def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional[int] = None,
-        **options) -> Result:
+        hooks: Sequence[Hook] = (), **options) -> Result:
     """Trains model_fn's single-device graph on every rank of the job and returns the result.
 
-    Options are the absl flags of parallax_tf.flags (strategy, np, partitions, ...); keyword
-    arguments override the flags. Outside any launcher with np > 1 this process launches the
-    ranks, waits for them and exits with their status."""
+    Options are the absl flags of parallax_tf.flags and of each strategy (strategy, np,
+    partitions, slim_core, ...); keyword arguments override the flags. `hooks`
+    (runtime.hooks.Hook) run on every rank around and between steps. Outside any launcher with
+    np > 1 this process launches the ranks, waits for them and exits with their status."""
     opts = ptf_flags.resolve(steps=steps, **options)
     quiet.apply(opts.verbose)
     if opts.plan_only:
@@ -54,12 +59,10 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     plan = _agree_on_plan(captured, opts, topo, cluster)
     if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
-    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan)
+    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, list(hooks))
 
 
-def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
-    from rewriters import REWRITERS
-    from rewriters.common import BuildRequest
+def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -> Result:
     import horovod.tensorflow as hvd
     topo = cluster.topology
     run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
@@ -67,8 +70,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
-        request = BuildRequest(model_fn, ctx, plan, topo, opts.seed)
-        dgraph = REWRITERS[plan.strategy](request)    # auto may have chosen another strategy
+        request = strategy_lib.BuildRequest(model_fn, ctx, plan, topo, opts.seed)
+        dgraph = strategy_lib.get(plan.strategy).rewrite(request)    # a rule may have chosen another strategy
+        for name, layout in dgraph.layouts.items():       # how the lookups read the shards it made
+            plan.by_name()[name].layout = layout
         # tables and iterators, as the single-device script initialises them
         dgraph.local_init = tf.group(dgraph.local_init, *model_init.initializers(graph, dgraph.train_op))
         input_reads = model_init.input_reads(graph, dgraph.train_op)
@@ -83,6 +88,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, remote,
                                 in_process=session.alone(remote, topo.rank, topo.size))
     hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
+    hooks += user_hooks
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
     watchdog = _watchdog(topo, cluster, dgraph) if topo.size > 1 else None
@@ -95,20 +101,20 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
-        link_before = session.link_counters() if topo.local_rank == 0 else None
+        for hook in hooks:
+            hook.begin(start)
         StepStats.profile_threads_from = opts.profile_threads_from
         began, cpu_began = time.perf_counter(), time.process_time()
-        train_loop = dgraph.train_loop or session.train
-        losses, stats = train_loop(sess, dgraph, input_fn, ctx, captured.placeholders, start, opts.steps,
-                                   hooks, tracer, guard, opts.timeout_s * 1000)
+        inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, tracer, guard,
+                           opts.timeout_s * 1000)
+        losses, stats = dgraph.runner.run(sess, inputs)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
-        link_after = session.link_counters() if link_before else None
         with guard("collecting results"):
             dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
             variables = state_io.read(sess, keys=results)
             global_step = int(sess.run(dgraph.global_step))
-            report = dgraph.final_report(sess) if dgraph.final_report else {}
+            report = dgraph.runner.final_report(sess)
             histograms = report.get("histograms", {})
             stats.extras.update(report.get("extras", {}))
             if threads:
@@ -139,7 +145,6 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan) -> Result:
                     examples_per_step=stats.examples // max(1, len(stats.times)),
                     cpu_s_per_step=cpu / max(1, len(stats.times)), step_cpu_s=stats.cpu_times,
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
-                    link_bytes={k: link_after[k] - link_before[k] for k in link_after} if link_after else None,
                     checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
                     histograms=histograms, lost_ranks=sorted(set(range(topo.size)) - alive()))
     if topo.is_chief and opts.log_every:
@@ -205,7 +210,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
-                         opts.route_options(), opts.auto_stanza)
+                         opts.options, opts.strategy_options)
         plan.servers = list(cluster.server_addresses)
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
@@ -216,22 +221,21 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks), opts.route_options(), opts.auto_stanza)
+                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options)
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)
 
 
 def cost_cluster(opts, hosts: int, ranks_per_host: int):
-    """The cluster the cost model plans for (--strategy=auto's routes, every PS variable's shard
-    count): flags, else what tools.cluster says it emulates; constants from the calibration file."""
+    """The cluster the cost model plans for (routes where a strategy asks it, every PS variable's shard
+    count): --link_bandwidth, --link_delay, --host_cores (flags.ENVIRONMENT_DEFAULTS); constants
+    from the calibration file."""
     from parallax_tf import calibration, costmodel
-    bandwidth = opts.link_bandwidth or os.environ.get("PARALLAX_LINK_BANDWIDTH") or "10gbit"
-    delay = opts.link_delay or os.environ.get("PARALLAX_LINK_DELAY") or "0.05ms"
     try:
         return costmodel.Cluster.calibrated(
-            hosts, ranks_per_host, costmodel.parse_rate(bandwidth), costmodel.parse_delay(delay),
-            cores=int(os.environ["PARALLAX_CORES"]) if "PARALLAX_CORES" in os.environ else None,
+            hosts, ranks_per_host, costmodel.parse_rate(opts.link_bandwidth or "10gbit"),
+            costmodel.parse_delay(opts.link_delay or "0.05ms"), cores=opts.host_cores,
             calibration=calibration.load(opts.calibration))
     except ValueError as err:
         raise ConfigError(f"--link_bandwidth/--link_delay: {err}") from None

@@ -63,3 +63,21 @@ def _split_sparse(batch: dict) -> dict:
         for part, array in zip(_SPARSE_PARTS, arrays):
             out[f"{key}/{part}"] = np.asarray(array)
     return out
+
+
+def batch_size(feeds) -> int:
+    """Examples in a feed dict: the first dimension of its first batched value (of a sparse
+    placeholder's dense shape, not of its indices or values)."""
+    names = {getattr(t, "name", ""): value for t, value in feeds.items()}
+    sparse = {name[:-len("/shape:0")] for name in names if name.endswith("/shape:0")
+              and f"{name[:-len('/shape:0')]}/indices:0" in names}
+    for name, value in names.items():
+        base, _, part = name.rpartition("/")
+        if base in sparse and part in ("indices:0", "values:0"):
+            continue
+        if base in sparse and part == "shape:0":
+            return int(np.asarray(value)[0])
+        shape = np.shape(value)
+        if shape:
+            return int(shape[0])
+    return 0

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import model_init, pipeline_cut, training_graph
+from parallax_tf import model_init, training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.feeds import make_feeds
 from parallax_tf.model import RunContext
-from parallax_tf.runtime import pool_threads
+from parallax_tf import threads as pool_threads
 
 _CONV_OPS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv1D"}
 _MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}
@@ -72,11 +72,33 @@ class Capture:
     compute_s: Optional[float] = None       # one single-device forward+backward, when timed
     state: List[StateInfo] = dataclasses.field(default_factory=list)
     global_step: Optional[str] = None       # the model's own global step, when its train op advances one
-    head: Optional[object] = None           # layer_cut.HeadCut: where the FC head begins (Stanza)
-    head_problem: Optional[str] = None      # why there is no clean cut, when there is none
-    head_compute_s: Optional[float] = None  # the head's forward+backward alone, when timed
-    batch_size: Optional[int] = None        # examples in the captured batch, when timed
-    pipeline: Optional[object] = None       # pipeline_cut.PipelineCuts: where stages may begin (DSP)
+    measured: Dict[str, object] = dataclasses.field(default_factory=dict)   # Measure.name -> what it found
+
+
+@dataclasses.dataclass
+class CaptureView:
+    """What a strategy's Measure sees of the captured model: `measure(view)` returns what the
+    strategy's planning rule needs (Capture.measured[measure.name])."""
+    graph: tf.Graph
+    training: object                        # training_graph.Training
+    groups: Dict[str, list]                 # logical name -> [(variable, raw gradient)]
+    layers: Dict[str, str]                  # logical name -> layer kind
+    state_vars: Dict[str, tf.Variable]      # model state by logical name
+    feeds: dict                             # one batch (empty where inspection does not evaluate)
+    initializers: list
+    evaluate: bool
+    time_compute: bool
+
+    @contextlib.contextmanager
+    def session(self):
+        """A session of the capture graph, initialised as a single-device script does."""
+        with tf.compat.v1.Session(graph=self.graph, config=pool_threads.config()) as sess:
+            _initialise(sess, self.initializers)
+            yield sess
+
+    @staticmethod
+    def time_step(sess, fetches, feeds) -> float:
+        return _time_step(sess, fetches, feeds)
 
 
 def logical_name(variable) -> str:
@@ -96,10 +118,10 @@ def record_get_variable(names: set):
 
 
 def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
-            evaluate: bool = True, time_compute: bool = False, pipeline: bool = False) -> Capture:
+            evaluate: bool = True, time_compute: bool = False, measures: Sequence = ()) -> Capture:
     """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
-    `time_compute`: times a step (and the FC head alone); `pipeline`: finds the cut points of a
-    pipeline with per-op times (a traced step)."""
+    `time_compute`: times a step; `measures`: a strategy's further measurements (Measure
+    objects, parallax_tf.strategy), each given a CaptureView."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
@@ -126,7 +148,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                   for name, pairs in groups.items()}
         state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
         rows: Dict[str, tuple] = {}
-        compute_s, op_seconds = None, {}
+        compute_s = None
         if evaluate:
             with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
                 _initialise(sess, initializers)
@@ -136,12 +158,6 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                 if time_compute:
                     compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
                                            feeds)
-                if pipeline:
-                    op_seconds = pipeline_cut.op_times(sess, [g.values if isinstance(g, tf.IndexedSlices) else g
-                                                              for pairs in groups.values() for _, g in pairs
-                                                              if g is not None], feeds)
-        cuts = pipeline_cut.find(training.loss, {n: [v for v, _ in pairs] for n, pairs in groups.items()},
-                                 op_seconds) if pipeline and evaluate else None
         state_info = [StateInfo(name=name, shape=list(var.shape), dtype=var.dtype.base_dtype.name,
                                 bytes=int(np.asarray(state_values[name]).nbytes),
                                 per_rank=_reads_the_batch(var, training.train_op),
@@ -165,23 +181,12 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
             from_get_variable=name in from_get_variable))
     initial.update({name: np.asarray(value) for name, value in state_values.items()})
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
+    view = CaptureView(graph, training, groups, {i.name: i.layer for i in infos}, state_vars, feeds, initializers,
+                       evaluate, time_compute)
     with graph.as_default():
-        head, problem = _find_head(training, groups, {i.name: i.layer for i in infos}, state_vars)
-        head_s, batch = _time_head(graph, training, head, groups, feeds, initializers) \
-            if evaluate and time_compute and head else (None, None)
+        measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
-                   training.global_step.op.name if training.global_step is not None else None, head, problem,
-                   head_s, batch, cuts)
-
-
-def _find_head(training, groups, kinds, state_vars):
-    """The FC head and its cut, or why the model has none (only Stanza needs one)."""
-    from parallax_tf import layer_cut
-    try:
-        parts = {name: [v for v, _ in pairs] for name, pairs in groups.items()}
-        return layer_cut.find_head(training.loss, parts, kinds, state_vars, training.train_op), None
-    except layer_cut.LayerCutError as err:
-        return None, str(err)
+                   training.global_step.op.name if training.global_step is not None else None, measured)
 
 
 def _initialise(sess, initializers) -> None:
@@ -189,20 +194,6 @@ def _initialise(sess, initializers) -> None:
     iterators (parallax_tf.model_init)."""
     sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
     sess.run(initializers)
-
-
-def _time_head(graph, training, head, groups, feeds, initializers):
-    """The FC head's forward+backward alone (its cut tensors fed, so nothing below runs), and
-    the batch's example count: what the cost model needs to predict Stanza."""
-    variables = [v for name in head.variables for v, _ in groups[name]]
-    cut = [graph.get_tensor_by_name(t.name) for t in head.cut]
-    grads = [g for g in tf.gradients(training.loss, variables + [t for t, spec in zip(cut, head.cut)
-                                                                 if spec.kind != "data"]) if g is not None]
-    with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
-        _initialise(sess, initializers)
-        values = sess.run(cut, feeds)
-        batch = next(int(np.shape(v)[0]) for v, spec in zip(values, head.cut) if spec.kind != "replicated")
-        return _time_step(sess, grads, dict(zip(cut, values))), batch
 
 
 def _state_variables(training, trainable) -> Dict[str, tf.Variable]:

@@ -51,7 +51,6 @@ class Result:
     step_times: List[float] = dataclasses.field(default_factory=list)
     cpu_s_per_step: float = 0.0       # this process's CPU time (all threads, servers included)
     step_cpu_s: List[float] = dataclasses.field(default_factory=list)   # the same, step by step
-    link_bytes: Optional[Dict[str, int]] = None   # this host's link tx/rx over the training loop
     extras: Dict[str, object] = dataclasses.field(default_factory=dict)   # a strategy's own figures
                                        # (ps_plus: "staleness", pushes per staleness on this rank)
     # per-rank histograms a strategy reports at the end, the same on every rank: name -> rank ->

@@ -7,7 +7,7 @@ changing the ones here:
   "allreduce"  variable replicated on every rank, gradients averaged by Horovod
   "significant" Slim-DP: a global copy on the PS (flat, split into shards of elements), a local
                replica on every rank; each round only the significant + explored coordinates
-               are pushed, averaged, applied and pulled (params: the slim_* options)
+               are pushed, averaged, applied and pulled (the plan's options: the slim_* flags)
   "local"      model state that is not trained (batch-norm statistics, EMAs, counters): a copy
                on every rank, updated by the model's own ops; params["combine"] says how the
                copies are combined when read ("mean" over ranks, or "rank0")
@@ -146,6 +146,7 @@ class Plan:
     global_step: Optional[str] = None   # the model's own global step variable, if its train op advances one
     split: Optional[LayerSplit] = None  # Stanza's conv and FC nodes and the cut between them
     pipeline: Optional[Pipeline] = None  # DSP's stages
+    options: Dict[str, object] = dataclasses.field(default_factory=dict)  # the strategy's options, by field
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}

@@ -146,8 +146,8 @@ def test_missing_placeholder_on_two_ranks_exits_nonzero_with_message():
 def test_unknown_strategy_flag_is_rejected_by_absl():
     proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--strategy=bogus"], launcher="python", timeout=120)
     assert proc.returncode != 0
-    from parallax_tf.flags import STRATEGIES
-    assert f"--strategy=bogus: value should be one of <{'|'.join(STRATEGIES)}>" in proc.stderr
+    from parallax_tf.strategy import names
+    assert f"--strategy=bogus: value should be one of <{'|'.join(names())}>" in proc.stderr
 
 
 def test_busy_port_moves_to_next_free_one():
@@ -245,8 +245,7 @@ def test_an_initializer_that_needs_a_feed_is_refused():
 
 
 def test_sparse_feeds_in_either_form_and_their_batch_size():
-    from parallax_tf.feeds import make_feeds
-    from parallax_tf.runtime.session import batch_size
+    from parallax_tf.feeds import batch_size, make_feeds
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.sparse_placeholder(tf.int64, name="tags")

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from parallax_tf import pipeline_cut
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.plan import Plan
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import make_plan, measurements
+from rewriters.dsp import cut as pipeline_cut
 from tests import dsp_models, launch, reference as ref_lib
 
 NAMES = ["mlp_sgd", "mlp_momentum", "cnn_momentum", "keras_mlp"]
@@ -233,7 +233,7 @@ def _layer(x, name: str, units: int, activation=tf.tanh):
 
 
 def _capture(model_fn, input_fn):
-    return capture(model_fn, input_fn, RunContext(), 0, pipeline=True)
+    return capture(model_fn, input_fn, RunContext(), 0, **measurements("dsp"))
 
 
 def _uneven():
@@ -255,17 +255,17 @@ def _uneven():
 def test_planner_balances_measured_compute():
     import itertools
     captured = _capture(*_uneven())
-    plan = make_plan(captured, "dsp", 3, 1, route_options={"stage": {"stages": 3}})
+    plan = make_plan(captured, "dsp", 3, 1, options={"stages": 3})
     stages = [set(s.variables) for s in plan.pipeline.stages]
     # the two big layers (32x1024 and 1024x32) are never in one stage
     assert not any({"layer1/kernel", "layer2/kernel"} <= s for s in stages), stages
     # no other pair of nested cuts has a faster slowest stage (the same measurements)
-    points = captured.pipeline.points
+    points = captured.measured["pipeline"].points
     chosen = [p for p in points if p.name in {s.input for s in plan.pipeline.stages}]
-    best = min(max(pipeline_cut.stage_costs(captured.pipeline, [a, b])) for a, b in itertools.combinations(points, 2)
+    best = min(max(pipeline_cut.stage_costs(captured.measured["pipeline"], [a, b])) for a, b in itertools.combinations(points, 2)
                if set(a.below_ops) < set(b.below_ops) and set(b.variables) - set(a.variables)
-               and set(captured.pipeline.variables) - set(b.variables))
-    assert max(pipeline_cut.stage_costs(captured.pipeline, chosen)) <= best * pipeline_cut.BALANCE_SLACK + 1e-12
+               and set(captured.measured["pipeline"].variables) - set(b.variables))
+    assert max(pipeline_cut.stage_costs(captured.measured["pipeline"], chosen)) <= best * pipeline_cut.BALANCE_SLACK + 1e-12
     assert "stage 1 on rank(s) [1]" in plan.table()
 
 
@@ -283,24 +283,24 @@ def test_more_stages_than_layers_is_refused():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=1, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"--stages=4: the model can be cut into at most 2 stage\(s\)"):
-        make_plan(captured, "dsp", 4, 1, route_options={"stage": {"stages": 4}})
+        make_plan(captured, "dsp", 4, 1, options={"stages": 4})
 
 
 def test_stages_times_replicas_must_be_the_ranks():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"--stages=3 x --dsp_replicas=2 = 6 rank\(s\), but the job has 4"):
-        make_plan(captured, "dsp", 4, 1, route_options={"stage": {"stages": 3, "replicas": 2}})
+        make_plan(captured, "dsp", 4, 1, options={"stages": 3, "replicas": 2})
 
 
 def test_named_cuts_must_separate_the_graph():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"'labels:0' cannot begin a stage: it is not an activation"):
-        make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["labels"]}})
+        make_plan(captured, "dsp", 2, 1, options={"cuts": ["labels"]})
     with pytest.raises(ConfigError, match=r"does not come after 'hidden2/Tanh:0'"):
-        make_plan(captured, "dsp", 3, 1, route_options={"stage": {"cuts": ["hidden2/Tanh", "hidden/Tanh"]}})
-    plan = make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["hidden2/Tanh:0"]}})
+        make_plan(captured, "dsp", 3, 1, options={"cuts": ["hidden2/Tanh", "hidden/Tanh"]})
+    plan = make_plan(captured, "dsp", 2, 1, options={"cuts": ["hidden2/Tanh:0"]})
     assert plan.pipeline.stages[1].input == "hidden2/Tanh:0"
     assert plan.pipeline.stages[1].variables == ["hidden3/bias", "hidden3/kernel", "out/bias", "out/kernel"]
 
@@ -319,4 +319,26 @@ def test_a_skip_connection_is_not_a_cut():
     from models import mlp
     captured = _capture(model_fn, mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"'b/Tanh:0' cannot begin a stage: .*also reads 'a/Tanh:0'.*skip connection"):
-        make_plan(captured, "dsp", 2, 1, route_options={"stage": {"cuts": ["b/Tanh"]}})
+        make_plan(captured, "dsp", 2, 1, options={"cuts": ["b/Tanh"]})
+
+
+def test_the_tick_schedule_is_data_a_test_can_walk():
+    """Stage k forwards batch t - k and updates with batch t - 2(K-1) + k (the table in
+    rewriters/dsp/schedule.py); every batch is forwarded and updated once per stage, and a
+    stage's update of a batch follows its forward by 2(K-1-k) ticks (its staleness)."""
+    from rewriters.dsp.schedule import segments, ticks
+    stages, batches = 3, 3
+    table = [list(ticks(k, stages, 0, batches)) for k in range(stages)]
+    assert table[0] == [(0, None), (1, None), (2, None), (None, None), (None, 0), (None, 1), (None, 2)]
+    assert table[2][2:5] == [(0, 0), (1, 1), (2, 2)]
+    for k, row in enumerate(table):
+        forwards = {b: t for t, (f, _) in enumerate(row) for b in [f] if b is not None}
+        updates = {b: t for t, (_, u) in enumerate(row) for b in [u] if b is not None}
+        assert sorted(forwards) == sorted(updates) == list(range(batches))
+        assert all(updates[b] - forwards[b] == 2 * (stages - 1 - k) for b in range(batches))
+    assert list(ticks(1, stages, 4, 6, locked=True)) == [(4, 4), (5, 5)]
+
+    class SavesAt:
+        def saves_at(self, step):
+            return step % 4 == 0
+    assert segments(1, 10, [SavesAt()]) == [(1, 4), (4, 8), (8, 10)]

@@ -137,7 +137,7 @@ def test_servers_listen_on_the_launcher_interface_only():
 def test_step_report_sums_byte_counts_exactly_even_in_float32():
     """The report rides in a float32 gradient allreduce when there is one: byte counts cross as
     base-2^16 pieces, so a sum over ranks stays exact past float32's 2^24."""
-    from rewriters.common import StepReport
+    from rewriters.shared.step_report import StepReport
     with tf.Graph().as_default():
         report = StepReport(tf.constant(0.75, tf.float64), 1)
         # what a float32 allreduce over 3 ranks with the same counts would hand back

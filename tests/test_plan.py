@@ -184,10 +184,11 @@ def test_slim_dp_plan_routes_and_splits():
         loss = tf.reduce_mean(tf.square(tf.matmul(h, small)))
         return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
     got = capture(model_fn, lambda ctx: {"x": np.ones([2, 300], np.float32), "ids": np.arange(2)}, RunContext(), seed=0)
-    slim = {"core": 0.1, "explore": 0.02, "refresh": 10, "period": 2, "lambda": 1.0, "error_feedback": False}
-    plan = make_plan(got, "slim_dp", num_ranks=8, num_hosts=4, route_options={"significant": slim}).by_name()
+    slim = {"core": 0.1, "explore": 0.02, "refresh": 10, "period": 2, "update_weight": 1.0, "error_feedback": False}
+    whole = make_plan(got, "slim_dp", num_ranks=8, num_hosts=4, options=slim)
+    plan = whole.by_name()
     assert plan["emb"].route == "ps" and plan["big"].route == plan["small"].route == "significant"
-    assert plan["big"].params == slim and plan["big"].layout == "flat"
+    assert whole.options == slim and plan["big"].layout == "flat"     # the options once, on the plan
     assert [(s.row_start, s.row_end) for s in plan["big"].shards] == [(0, 22500), (22500, 45000), (45000, 67500),
                                                                      (67500, 90000)]
     assert sorted(s.server for s in plan["big"].shards) == [0, 1, 2, 3]

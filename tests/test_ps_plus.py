@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from parallax_tf.runtime.async_loop import STALENESS_BUCKETS
+from rewriters.ps_plus.runner import STALENESS_BUCKETS
 from tests import launch
 from tests.test_equivalence import _check_case
 

@@ -14,7 +14,7 @@ from parallax_tf.costmodel import Choice, Cluster, Load
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import make_plan, measurements
 from tests import launch
 from tools import cpu_quota, netns
 
@@ -131,7 +131,7 @@ def test_collectives_add_to_the_step_and_ps_traffic_hides_under_the_cpu():
 
 def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():
     from models import lm
-    captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0, time_compute=True)
+    captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0, **measurements("auto"))
     def plan_at(rate):
         cluster = Cluster(hosts=8, ranks_per_host=1, bandwidth_bytes_per_s=costmodel.parse_rate(rate))
         return make_plan(captured, "auto", num_ranks=8, num_hosts=8, cost_cluster=cluster).by_name()
@@ -186,7 +186,7 @@ def test_cpu_quota_per_host_slow_host_and_teardown():
 def test_a_process_sizes_tf_pools_to_its_cgroup_quota_or_what_the_rig_says():
     if not (netns.have_root() and cpu_quota.available()):
         pytest.skip("needs root and the cgroup v1 cpu hierarchy")
-    ask = "from parallax_tf.runtime import pool_threads as p; print(p.available_cores(), p.choose('auto', 1))"
+    ask = "from parallax_tf import threads as p; print(p.available_cores(), p.choose('auto', 1))"
     try:
         cpu_quota.setup([0.5])                     # read from the process's own cgroup (no netns here)
         inside = subprocess.run(["sh", "-c", f"{cpu_quota.join_prefix(0)} {sys.executable} -c \"{ask}\""],
@@ -202,7 +202,7 @@ def test_a_process_sizes_tf_pools_to_its_cgroup_quota_or_what_the_rig_says():
 
 
 def test_thread_settings_share_the_cores_among_a_hosts_ranks(monkeypatch):
-    from parallax_tf.runtime import pool_threads
+    from parallax_tf import threads as pool_threads
     monkeypatch.setenv(pool_threads.HOST_CPUS_ENV, "8")          # capped by the cores it may run on
     shared = max(1, min(8, len(os.sched_getaffinity(0))) // 3)
     assert [pool_threads.choose(s, 3) for s in ("auto", "tf", "5")] == [shared, 0, 5]

@@ -52,13 +52,13 @@ def partial_output(error_feedback: bool) -> str:
 
 
 def slim_reference(size: int, steps: int, error_feedback: bool, seed: int = 0):
-    """The Slim-DP rule of rewriters/significant_route.py for the dense_only case (Momentum 0.1,
+    """The Slim-DP rule of rewriters/slim_dp/route.py for the dense_only case (Momentum 0.1,
     0.9), one process: each rank's replica takes local Momentum steps on its own batch and sums
     its gradients; every `period` steps the mean of the sums at core + explored coordinates is
     applied to the global copy by a dense Momentum update (gradient zero at the other
     coordinates), remembered as the last aggregated update, and copied into every replica."""
     from parallax_tf import ops as ptf_ops
-    from rewriters.significant_route import selection_sizes, unit_seed
+    from rewriters.slim_dp.route import selection_sizes, unit_seed
     lr, momentum = 0.1, 0.9
     graph = tf.Graph()
     with graph.as_default():

@@ -18,7 +18,8 @@ from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.plan import Plan
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import make_plan, measurements
+from rewriters.stanza.measure import found_head
 from tests import cases, launch, reference
 
 CASES = [c[0] for c in cases.STANZA_CASES]
@@ -101,8 +102,8 @@ def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
 
 
 def _plan(model_fn, input_fn, ranks=3, **stanza):
-    captured = capture(model_fn, input_fn, RunContext(), 0)
-    return make_plan(captured, "stanza", ranks, 1, route_options={"fc_node": {"fc_nodes": 1, **stanza}})
+    captured = capture(model_fn, input_fn, RunContext(), 0, measures=measurements("stanza")["measures"])
+    return make_plan(captured, "stanza", ranks, 1, options={"fc_nodes": 1, **stanza})
 
 
 def test_plan_finds_the_cut_and_names_the_nodes():
@@ -124,13 +125,13 @@ def test_plan_finds_the_cut_and_names_the_nodes():
 def test_plan_staggers_sends_where_together_they_would_overflow_the_fc_nodes_port():
     from parallax_tf import costmodel
     from parallax_tf.errors import ConfigError
-    captured = capture(cases.build("cnn", "momentum"), cases.input_fn_for("cnn"), RunContext(), 0, time_compute=True)
+    captured = capture(cases.build("cnn", "momentum"), cases.input_fn_for("cnn"), RunContext(), 0, **measurements("stanza"))
     burst = 2 * cases.BATCH * 144              # two conv nodes' activations (144 B per example) at once
     queue_holds = lambda n: costmodel.Cluster(1, bandwidth_bytes_per_s=n / costmodel.PORT_QUEUE_S)  # noqa: E731
 
     def staggered(cluster, ranks=3, **stanza):
         return make_plan(captured, "stanza", ranks, 1, cost_cluster=cluster,
-                         route_options={"fc_node": {"fc_nodes": 1, **stanza}}).split.staggered
+                         options={"fc_nodes": 1, **stanza}).split.staggered
     assert staggered(queue_holds(burst - 1)) and not staggered(queue_holds(burst))
     assert not staggered(queue_holds(burst - 1), microbatches=2)      # half the burst each time
     assert not staggered(queue_holds(burst - 1), ranks=2)             # one conv node: nothing to stagger
@@ -148,7 +149,8 @@ def test_plan_staggers_sends_where_together_they_would_overflow_the_fc_nodes_por
 def test_cost_model_prices_an_overflowing_port_and_staggering():
     # 7 conv nodes x 32 x 8 KB = 1.8 MB arriving at once: over a 10 Mbit port's queue (250 KB),
     # under a 100 Mbit one's (2.5 MB)
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     loads, split = _fc_heavy_loads(head_bytes=4096)
     slow, fast = (costmodel.Cluster(8, bandwidth_bytes_per_s=rate / 8) for rate in (10e6, 100e6))
     assert stanza_cost.staggers(7, 32 * 8192, slow) and not stanza_cost.staggers(7, 32 * 8192, fast)
@@ -249,14 +251,16 @@ def test_activation_bytes_are_what_crosses_the_cut():
 
 
 def _fc_heavy_loads(head_bytes=100 * 2**20, extractor_bytes=2**20):
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     loads = [costmodel.Load("conv", extractor_bytes, "dense", 0, 1), costmodel.Load("fc", head_bytes, "dense", 0, 1)]
     return loads, stanza_cost.LayerSplitLoad(head={"fc"}, activation_bytes=8192, data_bytes=8, batch=32,
                                            head_compute_s=0.05)
 
 
 def test_cost_model_prefers_stanza_for_an_fc_heavy_model_on_slow_links():
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     from parallax_tf.plan import ROUTE_ALLREDUCE
     loads, split = _fc_heavy_loads()
     slow = costmodel.Cluster(8, bandwidth_bytes_per_s=100e6 / 8)
@@ -273,7 +277,8 @@ def test_cost_model_prefers_stanza_for_an_fc_heavy_model_on_slow_links():
 def test_auto_compares_stanza_per_batch_trained_not_per_step():
     # a stanza step trains N - F batches, a data-parallel step N (the cnn on 2 hosts at 1 Gbit ran
     # stanza at the same step time as hybrid and half its examples/s)
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     assert not stanza_cost.prefers_stanza(0.7, 1, 1.0, 2)       # 0.7 s per batch vs 0.5
     assert stanza_cost.prefers_stanza(0.45, 1, 1.0, 2)
     assert stanza_cost.prefers_stanza(0.8, 1, 1.0, 8)           # 0.114 vs 0.95 x 0.125 = 0.119
@@ -291,7 +296,8 @@ def test_cost_model_runs_the_fc_node_on_its_share_of_the_cores():
     # 8 hosts on 2 cores, a quarter core each (the rig's quotas): the FC node computes the head for
     # 7 conv nodes (7 x 50 ms) on its quarter core; pooling every node's CPU over the 2 cores
     # hid that (cnn, 8 hosts, 1 Gbit: auto chose stanza at 1,040 examples/s, hybrid ran 3,825)
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     loads, split = _fc_heavy_loads()
     shared = costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8, cores=2)
     got = stanza_cost.predict_stanza(loads, split, shared, 0.1, 1)
@@ -303,7 +309,8 @@ def test_cost_model_runs_the_fc_node_on_its_share_of_the_cores():
 
 
 def test_cost_model_spreads_a_compute_heavy_small_head_over_fc_nodes():
-    from parallax_tf import costmodel, stanza_cost
+    from parallax_tf import costmodel
+    from rewriters.stanza import cost as stanza_cost
     loads, split = _fc_heavy_loads(head_bytes=4096)
     split.head_compute_s = 0.5
     fc_nodes, _ = stanza_cost.choose_fc_nodes(loads, split, costmodel.Cluster(8, bandwidth_bytes_per_s=1e9 / 8), 0.6)
@@ -337,10 +344,10 @@ def _wide_images(ctx):
 
 def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
     from parallax_tf import costmodel
-    captured = capture(_wide_head_cnn, _wide_images, RunContext(), 0, time_compute=True)
-    assert captured.head_compute_s > 0 and captured.batch_size == 16
+    captured = capture(_wide_head_cnn, _wide_images, RunContext(), 0, **measurements("auto"))
+    assert found_head(captured).compute_s > 0 and found_head(captured).batch_size == 16
     slow = costmodel.Cluster(8, bandwidth_bytes_per_s=10e6 / 8)
-    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow, auto_stanza=True)
+    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow, options={"stanza": True})
     assert plan.strategy == "stanza" and plan.split.fc_ranks == [7]
     assert all(v.reason.startswith("auto chose stanza (predicted ") and "ms per batch with 1 FC node(s)" in v.reason
                for v in plan.variables)
@@ -351,7 +358,7 @@ def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
     assert all("would train on 7 batches instead of 8 (--auto_stanza allows it)" in v.reason
                for v in plan.trained)
     two = make_plan(captured, "auto", 2, 2, cost_cluster=costmodel.Cluster(2, bandwidth_bytes_per_s=10e6 / 8),
-                    auto_stanza=True)
+                    options={"stanza": True})
     assert two.strategy == "stanza" and two.split.conv_ranks == [0] and two.split.fc_ranks == [1]
     # a head too small to matter on fast links: data parallel stays
     fast = costmodel.Cluster(8, bandwidth_bytes_per_s=100e9 / 8)

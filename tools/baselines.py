@@ -15,12 +15,13 @@ import tensorflow as tf
 from absl import flags
 
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
-from parallax_tf.feeds import make_feeds
+from parallax_tf import threads as pool_threads
+from parallax_tf.feeds import batch_size, make_feeds
 from parallax_tf.model import RunContext
-from parallax_tf.runtime import pool_threads, session as session_lib
-from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.cluster import start_cluster
+from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.training_graph import call_model_fn, needed_placeholders
+from tools import link_counters
 
 BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
 STALE_RUNS_CAP = 4
@@ -34,7 +35,7 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_thread
     if name == "single":
         pool_threads.use(pool_threads.choose(flags.FLAGS.threads, 1))
         return _single(model_fn, input_fn, steps, seed)
-    cluster = start_cluster(None, None, threads=flags.FLAGS.threads, ps_job=name == "tf_ps")
+    cluster = start_cluster(None, None, threads=flags.FLAGS.threads, host_job="ps" if name == "tf_ps" else None)
     topo = cluster.topology
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     if name in ("horovod", "horovod_dense"):
@@ -48,18 +49,18 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
     """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
     placeholders = needed_placeholders(model.loss)
     stats, examples = StepStats(), 0     # times, CPU per step and per thread as parallax_tf counts them
-    link_before = session_lib.link_counters() if ctx.local_rank == 0 else None
+    link_before = link_counters.read() if ctx.local_rank == 0 else None
     for step in range(steps):
         ctx.step = step
         feeds = make_feeds(input_fn, ctx, placeholders, graph)
         begin = time.perf_counter()
         more = sess_run(feeds)
-        examples = session_lib.batch_size(feeds) * ctx.size
+        examples = batch_size(feeds) * ctx.size
         stats.add(time.perf_counter() - begin, {}, examples)
         if more is False:
             break
     profile = stats.thread_cpu_per_step()
-    link_after = session_lib.link_counters() if link_before else None
+    link_after = link_counters.read() if link_before else None
     if before_barrier is not None:
         before_barrier()
     if ctx.size > 1:        # rank 0's process serves the PS: nobody leaves while others train
@@ -67,7 +68,7 @@ def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
         hvd.allgather_object(None)
     return {"step_times": stats.times, "examples_per_step": examples, "step_cpu_s": stats.cpu_times,
             "thread_cpu_s_per_step": profile,
-            "link_bytes": {k: link_after[k] - link_before[k] for k in link_after} if link_after else None}
+            "link_bytes": link_counters.difference(link_before, link_after)}
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import numpy as np
 from absl import app, flags
 
 import parallax_tf as ptf
-from parallax_tf.runtime import pool_threads
-from tools import baselines
+from parallax_tf import threads as pool_threads
+from tools import baselines, link_counters
 from tools.shared import model_and_input
 
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
@@ -73,10 +73,11 @@ def train_and_measure() -> dict:
                                 profile_threads_from=FLAGS.warmup)
         reported, lower = None, None
     else:
+        link = link_counters.LinkCounter(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")))
         result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
-                         profile_threads_from=FLAGS.warmup)
+                         profile_threads_from=FLAGS.warmup, hooks=[link])
         figures = {"thread_cpu_s_per_step": result.extras.get("thread_cpu_s_per_step", {}),
-                   "step_times": result.step_times, "link_bytes": result.link_bytes,
+                   "step_times": result.step_times, "link_bytes": link.moved,
                    "examples_per_step": result.examples_per_step, "step_cpu_s": result.step_cpu_s}
         reported = float(sum(result.bytes_per_step.values()))
         figures["wall"] = {"train_start_unix": time.time() - result.wall_time_s, "wall_s": result.wall_time_s,

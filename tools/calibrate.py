@@ -175,7 +175,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     models = {model: (model, ()), dense_model: (dense_model, ())}
     if small_dense:
         models[f"{dense_model}_small"] = (dense_model, tuple(small_dense))
-    captured = {label: capture_model(name, given, time_compute=measured is None)
+    captured = {label: capture_model(name, given, for_strategy="hybrid" if measured is None else None)
                 for label, (name, given) in models.items()}
     if any(v.gradient == "sparse" for v in captured[dense_model].variables):
         raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "

@@ -38,7 +38,8 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
     receives the CPU seconds each host used."""
-    from parallax_tf.runtime import bind, launcher, pool_threads, quiet
+    from parallax_tf import threads as pool_threads
+    from parallax_tf.runtime import bind, launcher, quiet
     env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
     shares = cpu_quota.quotas(hosts, host_cpus, cpu_quota.parse_slow_hosts(slow_hosts, hosts))
     if not netns.have_root():
@@ -75,7 +76,7 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
             if not shares:
                 return f"ip netns exec {netns.host_ns(host)} {cmd}"
             # `ip netns exec` mounts a /sys of its own, without /sys/fs/cgroup: the rank learns its
-            # host's quota from the environment (parallax_tf.runtime.pool_threads)
+            # host's quota from the environment (parallax_tf.threads)
             return (f"{cpu_quota.join_prefix(host)} ip netns exec {netns.host_ns(host)} "
                     f"env {pool_threads.HOST_CPUS_ENV}={shares[host]:g} {cmd}")
 

@@ -1,7 +1,7 @@
 """Flags and helpers shared by tools.bench, tools.bench_job, tools.simulate, tools.validate,
 tools.sweep and tools.calibrate."""
 import contextlib
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import flags
 
@@ -49,10 +49,12 @@ def model_sizes(model_flags: Sequence[str]):
             FLAGS[name].value, FLAGS[name].present = value, present
 
 
-def capture_model(name: str, model_flags: Sequence[str] = (), time_compute: bool = False):
+def capture_model(name: str, model_flags: Sequence[str] = (), for_strategy: Optional[str] = None):
     """The reference model `name` captured (parallax_tf.inspect_graph) at the sizes its flags and
-    `model_flags` give."""
+    `model_flags` give, measured as `for_strategy` needs (None: nothing timed)."""
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
+    from parallax_tf.planner import measurements
     with model_sizes(model_flags):
-        return capture(*model_and_input(name), RunContext(), FLAGS.seed, time_compute=time_compute)
+        return capture(*model_and_input(name), RunContext(), FLAGS.seed,
+                       **(measurements(for_strategy) if for_strategy else {}))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from parallax_tf import calibration, costmodel, stanza_cost
+from parallax_tf import calibration, costmodel
+from rewriters.stanza import cost as stanza_cost
+from rewriters.stanza.measure import found_head
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--link_bandwidth, --link_delay, --seed)
 from parallax_tf.costmodel import Choice
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
@@ -33,18 +35,19 @@ def strategy_choices(loads, cluster) -> dict:
 
 
 def main(argv):
-    captured = capture_model(FLAGS.model, time_compute=True)
+    captured = capture_model(FLAGS.model, for_strategy="auto")   # timed, with the FC head
     loads = costmodel.loads_from(captured)
     bandwidth = costmodel.parse_rate(FLAGS.link_bandwidth or "100mbit")
     delay = costmodel.parse_delay(FLAGS.link_delay or "0ms")
-    head = f" (FC head {captured.head_compute_s * 1000:.1f}ms)" if captured.head_compute_s else ""
+    found = found_head(captured)
+    head = f" (FC head {found.compute_s * 1000:.1f}ms)" if found.compute_s else ""
     print(f"{FLAGS.model}: single-device compute {captured.compute_s * 1000:.1f}ms/step{head}, links "
           f"{FLAGS.link_bandwidth or '100mbit'}, delay {FLAGS.link_delay or '0ms'}; predicted step time (ms):")
     split = stanza_cost.layer_split_load(captured)
     names = ["hybrid", "horovod", "tf_ps", "auto"] + (["stanza"] if split else [])
     print("hosts  " + "  ".join(f"{n:>9}" for n in names) + "  hybrid/horovod" + ("  FC nodes" if split else ""))
     if not split:
-        print(f"(no stanza column: {captured.head_problem})")
+        print(f"(no stanza column: {found.problem})")
     for hosts in [int(h) for h in FLAGS.sim_hosts]:
         cluster = costmodel.Cluster.calibrated(hosts, FLAGS.sim_ranks_per_host, bandwidth, delay,
                                                calibration=calibration.load(FLAGS.calibration))

@@ -17,7 +17,8 @@ from typing import Optional
 
 from absl import flags
 
-from parallax_tf import calibration, costmodel, stanza_cost
+from parallax_tf import calibration, costmodel
+from rewriters.stanza import cost as stanza_cost
 from tools.shared import SWEEP_MODEL_FLAGS as MODEL_FLAGS
 
 flags.DEFINE_bool("sweep", False, "Run the grid of --sweep_hosts x --sweep_links x --sweep_models instead of one "
@@ -40,7 +41,7 @@ PREDICTED = ("auto", "hybrid", "horovod")     # what the cost model describes (h
 def _captured(model: str):
     """The model at the sweep's sizes, captured with a timed step (once per model)."""
     from tools.shared import capture_model
-    return capture_model(model, MODEL_FLAGS[model], time_compute=True)
+    return capture_model(model, MODEL_FLAGS[model], for_strategy="auto")   # timed, with the FC head
 
 
 def predictions(model: str, hosts: int, link: str) -> dict:
@@ -53,7 +54,8 @@ def predictions(model: str, hosts: int, link: str) -> dict:
     out = {}
     for strategy in PREDICTED:
         plan = make_plan(captured, {"horovod": "allreduce"}.get(strategy, strategy), hosts, hosts,
-                         cost_cluster=cluster, auto_stanza=model in HEADED)
+                         cost_cluster=cluster, options={"stanza": True} if strategy == "auto" and model in HEADED
+                         else None)
         if plan.split is not None:          # auto chose stanza
             fc, got = stanza_cost.choose_fc_nodes(loads, stanza_cost.layer_split_load(captured), cluster, compute)
         else:

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
-from parallax_tf.runtime import bind, pool_threads
+from parallax_tf import threads as pool_threads
+from parallax_tf.runtime import bind
 from parallax_tf.runtime.topology import Topology
 
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -33,7 +34,7 @@ class Cluster:
     topology: Topology
     spec: Dict[str, List[str]]
     worker_server: object
-    ps_server: Optional[object]
+    host_server: Optional[object]     # the task of `host_job` this process serves, if any
 
     @property
     def target(self) -> str:
@@ -49,10 +50,11 @@ _CLUSTER: Optional[Cluster] = None
 
 
 def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False,
-                  threads: str = "auto", ps_job: bool = False) -> Cluster:
+                  threads: str = "auto", host_job: Optional[str] = None) -> Cluster:
     """Starts this rank's servers once per process; later runs in the process reuse them.
     `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on;
-    `ps_job`: each host's first rank also runs a `ps` server (the tf_ps baseline)."""
+    `host_job`: each host's first rank also serves a task of this job (one task per host), for a
+    caller that places ops by host (tools/baselines.py's TF parameter servers)."""
     global _CLUSTER
     if _CLUSTER is not None:
         return _CLUSTER
@@ -69,25 +71,25 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
         address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
     pool_threads.use(pool_threads.choose(threads, hvd.local_size()))
-    want = 2 if ps_job and hvd.local_rank() == 0 else 1
+    want = 2 if host_job and hvd.local_rank() == 0 else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
     bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
-            "ps": f"{address}:{ports[1]}" if want == 2 else None}
+            "host_task": f"{address}:{ports[1]}" if want == 2 else None}
     everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
     spec = {"worker": [p["worker"] for p in everyone]}
-    if ps_job:
-        spec["ps"] = [next(p["ps"] for p in everyone if p["host"] == h and p["ps"]) for h in hosts]
+    if host_job:
+        spec[host_job] = [next(p["host_task"] for p in everyone if p["host"] == h and p["host_task"]) for h in hosts]
     topology = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                         local_size=hvd.local_size(), host=hosts.index(host_name),
                         ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts])
     worker = _server(spec, "worker", hvd.rank(), mine["worker"])
-    ps_server = _server(spec, "ps", hosts.index(host_name), mine["ps"]) if mine["ps"] else None
+    host_server = _server(spec, host_job, hosts.index(host_name), mine["host_task"]) if mine["host_task"] else None
     hvd.allgather_object(True)  # every server is up before anyone opens a session
     if verbose or os.environ.get("PARALLAX_PRINT_ADDRESSES") == "1":   # tests read the ports from it
         print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
-              + (f", ps {mine['ps']}" if mine["ps"] else ""), file=sys.stderr, flush=True)
-    _CLUSTER = Cluster(topology, spec, worker, ps_server)
+              + (f", {host_job} {mine['host_task']}" if mine["host_task"] else ""), file=sys.stderr, flush=True)
+    _CLUSTER = Cluster(topology, spec, worker, host_server)
     return _CLUSTER
 
 

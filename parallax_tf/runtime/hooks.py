@@ -68,6 +68,11 @@ class StepStats:
 
 
 class Hook:
+    """Called by the runner around and between steps; run(hooks=[...]) adds the user's own."""
+
+    def begin(self, step: int) -> None:
+        """Training starts at global step `step` (after initialisation, before the first step)."""
+
     def request(self, step: int) -> float:
         """Before step `step` (1-based) runs: > 0 to ask every rank for a checkpoint after it."""
         return 0.0

@@ -1,6 +1,6 @@
 """Starts a job's ranks through Horovod's gloo rendezvous and watches them.
 
-    python parallax_tf/runtime/launcher.py --np 4 -- python train.py --strategy ps_plus
+    python parallax_tf/runtime/launcher.py --np 4 -- python train.py
 
 Run as a script path, not `-m`: it imports nothing but the standard library and Horovod's
 launcher, so the helper process Horovod spawns per rank (which re-imports the main module)

@@ -1,18 +1,14 @@
-"""Session creation, initialisation order and the training loop for one rank."""
+"""Opening a rank's session, initialising it in order, and naming a lost peer in errors."""
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Callable, List, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from parallax_tf.errors import ClusterError, Diverged
-from parallax_tf.feeds import make_feeds
-from parallax_tf.model import RunContext
-from parallax_tf.runtime import placement, pool_threads
-from parallax_tf.runtime.hooks import StepStats
+from parallax_tf.errors import ClusterError
+from parallax_tf import threads as pool_threads
+from parallax_tf.runtime import placement
 
 
 def remote_tasks(graph, rank: int) -> List[str]:
@@ -106,98 +102,6 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard, input_read
         # otherwise push its first step while a slower rank still reads, which then starts at 1
         dgraph.barrier.wait(sess, "started")
         return start
-
-
-def train(sess, dgraph, input_fn: Optional[Callable], ctx: RunContext, placeholders, start: int, steps: int,
-          hooks, tracer, guard, timeout_ms: int = 0):
-    """Runs steps [start, steps); returns this rank's losses and the step statistics."""
-    losses: List[float] = []
-    stats = StepStats()
-    fetches = {"loss": dgraph.loss, "report": dgraph.report, "train": dgraph.train_op,
-               "bytes": dgraph.bytes_per_step, "lower_bound": dgraph.lower_bound_bytes}
-    previous_bytes = [0.0] * len(dgraph.report_routes)     # the report sums the last step's
-    try:
-        for step in range(start, steps):
-            ctx.step = step
-            feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
-            feeds[dgraph.checkpoint_request] = sum(hook.request(step + 1) for hook in hooks)
-            feeds[dgraph.previous_bytes] = previous_bytes
-            extra_targets, extra_feeds = dgraph.scheduled(step)
-            feeds.update(extra_feeds)
-            options, metadata = tracer.options(step)
-            # A whole step has a deadline too: a Horovod collective that never completes is not
-            # covered by the session's operation timeout.
-            options = options or tf.compat.v1.RunOptions()
-            options.timeout_in_ms = timeout_ms
-            begin = time.perf_counter()
-            with guard(f"step {step}"):
-                out = sess.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
-            report = out["report"]
-            mean_loss = report[0]          # every rank added its share
-            stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * ctx.size,
-                      out["lower_bound"], dict(zip(dgraph.report_routes, report[2:])) if step > start else None)
-            previous_bytes = [float(out["bytes"][route]) for route in dgraph.report_routes]
-            stats.checkpoint_requested = report[1] > 0
-            tracer.record(step, metadata)
-            losses.append(float(out["loss"]))
-            # The mean over ranks decides, so every rank stops at the same step.
-            if not np.isfinite(mean_loss):
-                raise Diverged(f"the loss (mean over ranks) is {mean_loss} at step {step}; "
-                               "training stopped before that step could be checkpointed. Lower the "
-                               "learning rate or check the input, then restart from the last checkpoint")
-            for hook in hooks:
-                hook.after_step(step + 1, float(mean_loss), stats)
-    finally:
-        tracer.write()
-    for hook in hooks:         # only after a clean finish: never checkpoint a broken state
-        hook.end(steps)
-    return losses, stats
-
-
-def link_counters() -> Optional[dict]:
-    """tx/rx bytes and frames of this host's link, and its TCP retransmissions, when the run says
-    which link it is (emulated clusters set PARALLAX_LINK_IFACE for the first rank of each host,
-    whose network namespace is the host's), else None."""
-    import os
-    iface = os.environ.get("PARALLAX_LINK_IFACE")
-    if not iface:
-        return None
-    def statistic(name: str) -> int:
-        with open(f"/sys/class/net/{iface}/statistics/{name}") as f:
-            return int(f.read())
-    counters = {k: statistic(f"{k}_bytes") for k in ("tx", "rx")}
-    counters.update({f"{k}_packets": statistic(f"{k}_packets") for k in ("tx", "rx")})
-    counters.update(_tcp_segments())
-    return counters
-
-
-def _tcp_segments() -> dict:
-    """This network namespace's retransmitted TCP segments (/proc/net/snmp)."""
-    try:
-        with open("/proc/net/snmp") as f:
-            names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")][:2]
-    except (OSError, ValueError):
-        return {}
-    row = dict(zip(names, values))
-    return {"tcp_retrans_segs": int(row["RetransSegs"])}
-
-
-def batch_size(feeds) -> int:
-    """Examples in a feed dict: the first dimension of its first batched value (of a sparse
-    placeholder's dense shape, not of its indices or values)."""
-    names = {getattr(t, "name", ""): value for t, value in feeds.items()}
-    sparse = {name[:-len("/shape:0")] for name in names if name.endswith("/shape:0")
-              and f"{name[:-len('/shape:0')]}/indices:0" in names}
-    for name, value in names.items():
-        base, _, part = name.rpartition("/")
-        if base in sparse and part in ("indices:0", "values:0"):
-            continue
-        if base in sparse and part == "shape:0":
-            return int(np.asarray(value)[0])
-        shape = np.shape(value)
-        if shape:
-            return int(shape[0])
-    return 0
 
 
 def _op_name(err) -> str:

@@ -11,7 +11,7 @@ from parallax_tf.runtime import cluster  # noqa: E402
 from tests import cases  # noqa: E402
 
 # with the tf_ps baseline's separate ps server on rank 0 too; ptf.run reuses this cluster
-spec = cluster.start_cluster(None, None, ps_job=True).spec
+spec = cluster.start_cluster(None, None, host_job="ps").spec
 ptf.run(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), steps=2, log_every=0)
 rank = os.environ.get("HOROVOD_RANK", "0")
 mine = [spec["worker"][int(rank)]] + [a for a in spec.get("ps", []) if int(rank) == 0]

@@ -38,9 +38,8 @@ def main():
     from parallax_tf.model import RunContext
     from parallax_tf.planner import make_plan
     from parallax_tf.runtime import cluster as cluster_lib
-    from rewriters import REWRITERS
+    from parallax_tf import strategy
     from parallax_tf.runtime.topology import Topology
-    from rewriters.common import BuildRequest
     hvd.init()        # one process: the graph's allreduce is built, never run here
     ports = cluster_lib.free_ports("localhost", 4, None)
     spec = {"worker": [f"localhost:{p}" for p in ports[:2]], "ps": [f"localhost:{p}" for p in ports[2:]]}
@@ -51,7 +50,7 @@ def main():
     topo = Topology(rank=1, size=2, local_rank=0, local_size=1, host=1, ranks_per_host=[1, 1])
     graph = tf.Graph()
     with graph.as_default(), tf.device(topo.worker_device):
-        dgraph = REWRITERS["hybrid"](BuildRequest(model_fn, ctx, plan, topo, 1))
+        dgraph = strategy.get("hybrid").rewrite(strategy.BuildRequest(model_fn, ctx, plan, topo, 1))
         pushes = [op for op in dgraph.train_op if op.type == "SparseAccumulatorApplyGradient"]   # step targets
     with tf.compat.v1.Session(servers[1].target, graph=graph) as sess:
         sess.run(dgraph.local_init)

@@ -9,6 +9,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tools import link_counters  # noqa: E402
 
 VOCAB, IDS, DISTINCT = 1000, 64, 4
 DIM = int(os.environ.get("PULL_DIM", "16"))          # wide rows: the link counters see the pulls
@@ -32,8 +33,9 @@ def input_fn(ctx):
 
 
 if __name__ == "__main__":
-    result = ptf.run(model_fn, input_fn, steps=STEPS, strategy="hybrid", log_every=0)
+    link = link_counters.LinkCounter(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")))
+    result = ptf.run(model_fn, input_fn, steps=STEPS, strategy="hybrid", log_every=0, hooks=[link])
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"bytes": result.bytes_per_step, "routes": {v.name: v.route for v in result.plan.variables},
-                   "link_bytes": result.link_bytes, "steps": len(result.step_times)}, f)
+                   "link_bytes": link.moved, "steps": len(result.step_times)}, f)

@@ -16,25 +16,26 @@ Each rank builds the whole single-device model (its variables all exist, named a
 device) and runs three graphs made from it: the forward of its stage (a copy reading what
 arrived), the backward (a copy reading the stored input, differentiated with the gradient that
 arrived) whose gradients feed the model's own apply ops for the stage's variables (the other
-stages' applies are pruned), and, on the last stage, both in one. rewriters/dsp_runner.py runs
-the ticks.
+stages' applies are pruned), and, on the last stage, both in one; runner.py runs the ticks.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, List, Optional
 
 import tensorflow as tf
 
 from parallax_tf import ops as compiled
 from parallax_tf.errors import ModelError
-from parallax_tf.pipeline_cut import INPUT_OPS
 from parallax_tf.plan import ROUTE_LOCAL, ROUTE_STAGE
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters import dsp_runner, exchange, graph_copy
-from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, rebuild, tensor_bytes)
-from rewriters.pruning import update_without, variable_and_slot_ops
+from parallax_tf.strategy import BuildRequest, DistributedGraph
+from rewriters.dsp.cut import INPUT_OPS
+from rewriters.dsp.runner import PipelineRunner
+from rewriters.shared import exchange, graph_copy
+from rewriters.shared.pruning import update_without, variable_and_slot_ops
+from rewriters.shared.rebuild import advancing_global_step, ancestors, rebuild
+from rewriters.shared.step_report import tensor_bytes
 
 
 @dataclasses.dataclass
@@ -80,11 +81,10 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     mine = pipe.stages[k]
     parts = {n: p for n, p in rebuilt.parts.items() if n in mine.variables}
     builder = _Stage(request, rebuilt, k, count, cuts[k], ends[k], raw_inputs[k], carried, parts)
-    stage_graph, global_grads, moved = builder.build(pipe.grad_scale if k < count - 1 else 1.0)
+    stage_graph, global_grads, _ = builder.build(pipe.grad_scale if k < count - 1 else 1.0)
     if pipe.replicas > 1:
         global_grads, stage_graph.joins, replica_bytes = _average_over_replicas(rebuilt, plan, topo, global_grads)
         stage_graph.backward["bytes"] += replica_bytes
-        moved = {"activations": stage_graph.backward["bytes"]}
     # the update runs with the data fed only when stage 0 forwards in the same run
     reads_data = count == 1 or (k == 0 and pipe.schedule == "locked")
     step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, reads_data)
@@ -96,9 +96,8 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        bytes_per_step=moved, lower_bound_bytes=tf.constant(0, tf.int64),
-        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in rebuilt.training.applies],
-        train_loop=functools.partial(dsp_runner.train_pipeline, stage_graph=stage_graph))
+        runner=PipelineRunner(stage_graph),
+        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in rebuilt.training.applies])
 
 
 class _Stage:
@@ -227,7 +226,7 @@ def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, re
 def _average_over_replicas(rebuilt, plan, topo, grads: Dict[str, object]):
     """(this stage's gradients averaged over its replicas, per other stage the ops this rank runs
     to take part in averaging that stage's, bytes this rank sends). Global collectives in which
-    the other stages' ranks send nothing (rewriters/exchange.py: why no process sets): dense
+    the other stages' ranks send nothing (rewriters/shared/exchange.py: why no process sets): dense
     gradients summed among the replicas by reduce-scatter + allgather, sparse ones allgathered."""
     import horovod.tensorflow as hvd
     pipe = plan.pipeline

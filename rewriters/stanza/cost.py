@@ -22,11 +22,13 @@ class LayerSplitLoad:
 
 def layer_split_load(capture) -> Optional[LayerSplitLoad]:
     """What Stanza would move and compute, from a timed capture (None: no FC head, or untimed)."""
-    head = capture.head
-    if head is None or capture.head_compute_s is None:
+    from rewriters.stanza.measure import found_head
+    found = found_head(capture)
+    head = found.head
+    if head is None or found.compute_s is None:
         return None
     return LayerSplitLoad(
-        head=set(head.variables), batch=capture.batch_size or 1, head_compute_s=capture.head_compute_s,
+        head=set(head.variables), batch=found.batch_size or 1, head_compute_s=found.compute_s,
         activation_bytes=sum(t.bytes_per_example for t in head.cut if t.kind == "activation"),
         data_bytes=sum(t.bytes_per_example for t in head.cut if t.kind == "data"))
 

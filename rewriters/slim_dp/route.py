@@ -27,7 +27,10 @@ import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
-from rewriters.common import BuildRequest, Rebuilt
+from parallax_tf.strategy import BuildRequest
+from rewriters.parallax.sync import RouteState
+from rewriters.shared.rebuild import Rebuilt
+from rewriters.slim_dp.options import SlimOptions
 
 
 @dataclasses.dataclass
@@ -72,9 +75,9 @@ class SignificantRoute:
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology
         self.bytes, self.lower_bound = {}, []
-        params = entries[0].params
-        self.period, self.refresh = int(params["period"]), int(params["refresh"])
-        self.lam, self.error_feedback = float(params["lambda"]), bool(params["error_feedback"])
+        options = SlimOptions(**request.plan.options)
+        self.period, self.refresh = options.period, options.refresh
+        self.lam, self.error_feedback = options.update_weight, options.error_feedback
         self.units: List[_Unit] = []
         self.parts, self.working_copies, self.optimizers = {}, set(), []
         applied = rebuilt.training.applied()
@@ -88,8 +91,7 @@ class SignificantRoute:
                 raise ModelError(f"slim_dp: the train op does not update {entry.name!r}; mark it "
                                  "trainable=False or update it")
             for index, shard in enumerate(entry.shards):
-                core, explore = selection_sizes(shard.row_end - shard.row_start, float(entry.params["core"]),
-                                                float(entry.params["explore"]))
+                core, explore = selection_sizes(shard.row_end - shard.row_start, options.core, options.explore)
                 self.units.append(_Unit(shard.name, replica, grad, applied[replica.op.name][2].optimizer,
                                         shard.row_start, shard.row_end, shard.server, core, explore,
                                         unit_seed(request.seed, entry.name, index)))
@@ -309,17 +311,14 @@ class SignificantRoute:
                     assigns.append(local.assign(_whole(found, replica), read_value=False))
         return tf.group(*assigns)
 
-    def contribute(self, dgraph) -> None:
+    def finish(self, broadcast) -> RouteState:
         from parallax_tf.values import Part
         # after the broadcast of the other replicated variables, which would overwrite these
-        with tf.control_dependencies([dgraph.broadcast] if dgraph.broadcast is not None else []):
-            dgraph.broadcast = self._initial_copy(self._state)
-        for name, pieces in self.parts.items():
-            dgraph.parts[name] = [Part(var, unit.start, unit.end) for unit, var in pieces]
-        dgraph.working_copies |= self.working_copies
-        dgraph.optimizers.extend(self.optimizers)
-        dgraph.optimizers[:] = [(o, [v for v in vs if v.name not in self.working_copies]) for o, vs in dgraph.optimizers]
-        dgraph.scheduled = self.schedule
+        with tf.control_dependencies([broadcast] if broadcast is not None else []):
+            start = self._initial_copy(self._state)
+        parts = {name: [Part(var, unit.start, unit.end) for unit, var in pieces] for name, pieces in self.parts.items()}
+        return RouteState(broadcast=start, parts=parts, working_copies=set(self.working_copies),
+                          optimizers=list(self.optimizers), scheduled=self.schedule)
 
     def schedule(self, step: int):
         """After step `step` (0-based) of every `period`: round (step + 1) / period - 1."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from rewriters.common import BuildRequest, Rebuilt, tensor_bytes
-from rewriters.ps_route import lower_bound_bytes
+from parallax_tf.strategy import BuildRequest
+from rewriters.shared.rebuild import Rebuilt
+from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
 
 class AllReduceRoute:

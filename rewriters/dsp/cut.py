@@ -21,8 +21,6 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf import training_graph
-from parallax_tf.errors import ConfigError
-from parallax_tf.plan import Pipeline, Stage
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 _GRADIENT_OP = re.compile(r".*gradients(?:_\d+)?/(.+?)_grad/")
@@ -262,49 +260,3 @@ def check_named(cuts: PipelineCuts, names: List[str]) -> List[CutPoint]:
     if chosen and not set(cuts.variables) - set(chosen[-1].variables):
         raise ValueError(f"no trained variable is left above {chosen[-1].name!r} for the last stage")
     return chosen
-
-
-def pipeline_split(capture, num_ranks: int, stages: Optional[int] = None, replicas: int = 1,
-                   cuts: Optional[List[str]] = None, grad_scale: float = 1.0, schedule: str = "dsp") -> Pipeline:
-    """DSP: K = `stages` consecutive stages (default: every rank, one pipeline) times `replicas`
-    pipelines; the cuts balance the measured compute (balanced) unless named. `capture`: inspect_graph's."""
-    if replicas < 1:
-        raise ConfigError(f"--dsp_replicas must be >= 1, got {replicas}")
-    if schedule == "locked" and replicas > 1:
-        raise ConfigError("--dsp_schedule=locked (the baseline: one batch in the pipeline) runs one pipeline; "
-                          "use --dsp_replicas=1")
-    count = stages if stages else (len(cuts) + 1 if cuts else num_ranks // replicas)
-    if count < 1 or count * replicas != num_ranks:
-        raise ConfigError(f"--stages={count} x --dsp_replicas={replicas} = {count * replicas} rank(s), but the job has "
-                          f"{num_ranks}: start stages x replicas ranks, or change --stages / --dsp_replicas")
-    if cuts and len(cuts) != count - 1:
-        raise ConfigError(f"--dsp_cuts names {len(cuts)} tensor(s) but --stages={count} needs {count - 1} "
-                          "(one where each stage after the first begins)")
-    batch_state = [s.name for s in capture.state if s.per_rank]
-    if batch_state:
-        raise ConfigError(f"--strategy dsp with model state computed from the batch ({batch_state[0]!r}, e.g. batch "
-                          "norm): the recomputed forward would update it a second time from a stale batch; use "
-                          "--strategy hybrid, or a model without batch statistics")
-    found = capture.pipeline
-    if found is None:
-        raise ConfigError("--strategy dsp needs the pipeline cut points measured by capture(pipeline=True)")
-    try:
-        chosen = check_named(found, cuts) if cuts else balanced(found, count)
-    except ValueError as err:
-        names = ", ".join(p.name for p in found.points[:8]) or "none"
-        raise ConfigError(f"--stages={count}: {err}. Cut points found: {names}"
-                          f"{', ...' if len(found.points) > 8 else ''}; use fewer stages or name the cuts "
-                          "with --dsp_cuts") from None
-    costs = stage_costs(found, chosen)
-    total = sum(costs) or 1.0
-    bounds = [None] + chosen + [None]
-    out = []
-    for k in range(count):
-        below, above = set(bounds[k].variables) if bounds[k] else set(), bounds[k + 1]
-        mine = sorted((set(above.variables) if above else set(found.variables)) - below)
-        entering = bounds[k]
-        out.append(Stage(index=k, ranks=[p * count + k for p in range(replicas)], variables=mine,
-                         compute_share=costs[k] / total, input=entering.name if entering else None,
-                         input_shape=entering.shape if entering else [],
-                         input_bytes_per_example=entering.bytes_per_example if entering else 0))
-    return Pipeline(stages=out, replicas=replicas, grad_scale=grad_scale, schedule=schedule)

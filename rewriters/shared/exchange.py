@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from rewriters.common import tensor_bytes
+from rewriters.shared.step_report import tensor_bytes
 
 
 def unfolded_zero() -> tf.Tensor:

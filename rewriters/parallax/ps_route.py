@@ -9,7 +9,7 @@ reads a variable before it is updated.
 
 Every tensor that crosses between tasks is a RecvTensor call of its own (a gRPC round trip, a
 few segments each way, runtime CPU on both ends), so nothing crosses that need not: a rank's
-lookups on one server share one message each way (rewriters/ps_packing.py), a push reuses the
+lookups on one server share one message each way (rewriters/parallax/ps_packing.py), a push reuses the
 ids its lookup already sent, its shape and step are constants on the server, and a rank waits
 for its token on its own worker rather than through every server.
 """
@@ -19,10 +19,11 @@ from typing import List
 
 import tensorflow as tf
 
-from rewriters import ps_packing
-from rewriters.common import BuildRequest, Rebuilt, ancestors, tensor_bytes
+from parallax_tf.strategy import BuildRequest
+from rewriters.parallax import ps_packing
+from rewriters.shared.rebuild import Rebuilt, ancestors
+from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
-INDEX_BYTES = 8      # an int64 id travels with every row
 # The time step every push carries. An accumulator drops a push older than its last take; none
 # can be: a rank pushes step t+1 only after its token of step t, which rank 0 hands out after
 # taking step t. Any step would do; a constant on the server saves sending the global step there.
@@ -156,22 +157,6 @@ class PSRoute:
                     if op.type in ("ResourceGather", "ReadVariableOp") and op in needed:
                         sizes.append(tensor_bytes(op.outputs[0]))
         return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
-
-
-def lower_bound_bytes(grad, var, num_ranks: int, num_hosts: int, distinct_ids: bool = False) -> tf.Tensor:
-    """The least one host's link must send for this variable per step, per rank: a sparse
-    gradient's distinct rows pulled and pushed once and their ids sent once (the server can
-    keep a pull's ids for the push), of which the (H-1)/H not served on the rank's own host
-    cross a link (each host sends its ids, its pushes and the rows it serves); a dense one
-    through ring AllReduce, 2(N-1)/N of its bytes. `distinct_ids`: the gradient's ids are
-    already distinct (no tf.unique in every step)."""
-    if isinstance(grad, tf.IndexedSlices):
-        rows = tf.size(grad.indices if distinct_ids else tf.unique(grad.indices).y, out_type=tf.int64)
-        row_bytes = var.dtype.base_dtype.size * max(1, int(tf.TensorShape(var.shape[1:]).num_elements() or 1))
-        away = (num_hosts - 1) / num_hosts
-        return tf.cast(tf.round(away * tf.cast(rows * (2 * row_bytes + INDEX_BYTES), tf.float64)), tf.int64)
-    dense = var.dtype.base_dtype.size * int(var.shape.num_elements())
-    return tf.constant(int(2 * (num_ranks - 1) / num_ranks * dense), tf.int64)
 
 
 def combine_duplicates(grad: tf.IndexedSlices) -> tf.IndexedSlices:

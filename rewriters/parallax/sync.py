@@ -3,26 +3,29 @@ model's own train op.
 
 Every rank builds the user's graph (train op included), takes its own raw gradients and sends
 them along the routes; the train op's transform and applies are rewired to read the global
-gradients (rewriters/transform.py). AllReduce variables are then updated by every rank, PS
+gradients (rewriters/shared/transform.py). AllReduce variables are then updated by every rank, PS
 variables by rank 0 next to the variable. On the other ranks, every op that writes a PS
 variable (its apply, the global-step increment) is rank 0's alone: what depended on it waits
 for rank 0's token instead, which also carries what their transform needs from PS gradients.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+import dataclasses
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
-from rewriters import transform as transform_lib
-from rewriters.allreduce_route import AllReduceRoute
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters.common import (BuildRequest, DistributedGraph, StepReport, advancing_global_step, ancestors,
-                              rebuild)
-from rewriters.pruning import needed_without, without, written_variables
-from rewriters.ps_route import PSRoute
+from parallax_tf.runtime.runner import SyncRunner, SyncStep
+from parallax_tf.strategy import BuildRequest, DistributedGraph
+from rewriters.parallax.allreduce_route import AllReduceRoute
+from rewriters.parallax.ps_route import PSRoute
+from rewriters.shared import transform as transform_lib
+from rewriters.shared.pruning import needed_without, without, written_variables
+from rewriters.shared.rebuild import advancing_global_step, ancestors, rebuild
+from rewriters.shared.step_report import StepReport
 
 
 
@@ -30,8 +33,9 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
              extra_routes: Optional[Dict[str, Callable]] = None) -> DistributedGraph:
     """`extra_routes`: route name -> factory(request, rebuilt, entries) of a route object with
     build() (variable -> the gradient the model's transform reads), after_step(step targets)
-    (builds what follows the step; returns targets every step also runs), contribute(dgraph),
-    and `bytes` / `lower_bound` like the PS and AllReduce routes."""
+    (builds what follows the step; returns targets every step also runs), finish(broadcast)
+    (what it adds to the graph: a RouteState), and `bytes` / `lower_bound` like the PS and
+    AllReduce routes."""
     plan, topo = request.plan, request.topology
     extra_routes = extra_routes or {}
     other = sorted({v.route for v in plan.trained} - set(allowed_routes) - set(extra_routes))
@@ -65,12 +69,13 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
                 rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
     sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
-    transform = transform_lib.analyse(training, ancestors(target))
-    chief_only = {op for op in ancestors(target) if _writes_ps_variable(op)}
+    needed = ancestors(target)        # the routes and the sums above added to what the step needs
+    transform = transform_lib.analyse(training, needed)
+    chief_only = {op for op in needed if _writes_ps_variable(op)}
     gradient_ops = set(transform.depends)
     elsewhere = needed_without(target, chief_only, gradient_ops) - chief_only   # what ranks other than 0 run
     crossing = transform_lib.crossing_tensors(transform, on_ps, elsewhere) if ps_entries else []
-    transform_lib.feed_global_gradients(transform, global_grads, ancestors(target))
+    transform_lib.feed_global_gradients(transform, global_grads, needed)
     if ps_route is None:
         step = target
     elif topo.is_chief:
@@ -99,24 +104,40 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     for route in [ps_route] + extras:
         if route is not None:
             byte_counts.update(route.bytes)
-    for name, layout in detect_layouts(rebuilt, plan).items():
-        plan.by_name()[name].layout = layout
     summed = report.summed(allreduce.rider_sum)
-    dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
-        train_op=step, global_step=global_step.read_value(), parts=rebuilt.parts,
-        chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
-        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
-        broadcast=broadcast, barrier=CollectiveBarrier(),
-        bytes_per_step=byte_counts,
+    parts, optimizers = dict(rebuilt.parts), [(a.optimizer, [v for g, v in a.grads_and_vars if g is not None])
+                                              for a in training.applies]
+    working_copies, scheduled = set(), SyncStep.scheduled
+    for route in extras:
+        added = route.finish(broadcast)
+        broadcast, scheduled = added.broadcast, added.scheduled
+        parts.update(added.parts)
+        working_copies |= added.working_copies
+        optimizers.extend(added.optimizers)
+    optimizers = [(o, [v for v in vs if v.name not in working_copies]) for o, vs in optimizers]
+    step_spec = SyncStep(
+        report=summed, report_routes=sorted(byte_counts), checkpoint_request=report.checkpoint_request,
+        previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),
-        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
-        report=summed, report_routes=sorted(byte_counts), checkpoint_request=report.checkpoint_request,
-        previous_bytes=report.previous_bytes)
-    for route in extras:
-        route.contribute(dgraph)
-    return dgraph
+        scheduled=scheduled)
+    return DistributedGraph(
+        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
+        train_op=step, global_step=global_step.read_value(), parts=parts,
+        chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
+        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
+        broadcast=broadcast, barrier=CollectiveBarrier(), runner=SyncRunner(training.loss, step, step_spec),
+        optimizers=optimizers, working_copies=working_copies, layouts=detect_layouts(rebuilt, plan))
+
+
+@dataclasses.dataclass
+class RouteState:
+    """What a further route adds to a synchronous graph once built."""
+    broadcast: object                 # the start of every rank's copies (after the replicas' broadcast)
+    parts: Dict[str, list]            # its variables' pieces: where their state is
+    working_copies: set               # variables that are not state (the rank's local replicas)
+    optimizers: List[tuple]           # (optimizer, variables) of its own
+    scheduled: Callable[[int], tuple]  # SyncStep.scheduled
 
 
 def _writes_ps_variable(op) -> bool:

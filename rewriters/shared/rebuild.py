@@ -1,70 +1,22 @@
-"""What every rewriter shares: rebuild model_fn under the plan's placement, take gradients,
-and describe the resulting distributed graph for the runtime."""
+"""What every rewriter shares: rebuild model_fn under the plan's placement and take this rank's
+own gradients."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import logical_name
-from parallax_tf.model import RunContext
 from parallax_tf.plan import ROUTE_PS, Plan
-from parallax_tf.runtime.topology import Topology
+from parallax_tf.strategy import BuildRequest
 from parallax_tf.values import Part
-from rewriters.transform import rewire
+from rewriters.shared.transform import rewire
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
-
-
-@dataclasses.dataclass
-class BuildRequest:
-    """Everything a rewriter gets: the user's model_fn and the decisions already taken."""
-    model_fn: Callable
-    ctx: RunContext
-    plan: Plan
-    topology: Topology
-    seed: int
-
-
-@dataclasses.dataclass
-class DistributedGraph:
-    graph: tf.Graph
-    loss: tf.Tensor
-    train_op: List[tf.Operation]                # the step's targets
-    global_step: tf.Tensor                      # read of the one global step
-    parts: Dict[str, List[Part]]                # logical name -> its pieces in this graph
-    chief_init: List[tf.Operation]              # run once by rank 0: PS state, slots, step
-    local_init: tf.Operation                    # run by every rank: local replicas' state
-    broadcast: Optional[tf.Operation]           # dense replicas from rank 0 to all
-    barrier: object                             # runtime.barriers: the run's rendezvous points
-    bytes_per_step: Dict[str, tf.Tensor]        # route -> bytes this rank moved in the step
-    lower_bound_bytes: tf.Tensor = None         # the least the plan's variables need per step
-    # (optimizer, variables it updates in this graph): where slots and non-slot state live
-    optimizers: List[tuple] = dataclasses.field(default_factory=list)
-    # StepReport.summed(): [loss, checkpoint requests, the previous step's bytes per route...]
-    report: tf.Tensor = None
-    report_routes: List[str] = dataclasses.field(default_factory=list)
-    checkpoint_request: tf.Tensor = None        # placeholder (default 0): rank 0 asks for a checkpoint
-    previous_bytes: tf.Tensor = None            # placeholder: this rank's bytes of the last step, by report_routes
-    # Work a strategy runs after some steps (a communication round): step -> (extra targets run
-    # in the same session run as that step's, after them; their feeds).
-    scheduled: Callable[[int], tuple] = lambda step: ([], {})
-    working_copies: set = dataclasses.field(default_factory=set)   # variable names that are not state
-    # variable name -> (checkpoint key, order): further copies of a saved value (copy 0 is read)
-    saved_as: Dict[str, tuple] = dataclasses.field(default_factory=dict)
-    # A strategy whose step is not synchronous data parallelism brings its own training loop,
-    # with session.train's signature; None: session.train.
-    train_loop: Optional[Callable] = None
-    # Why the job may go on without a rank that holds no server state ("": it may not; a lost
-    # rank stops every rank).
-    survivable_loss: str = ""
-    # Run once every rank's updates are in: a strategy's end-of-run figures, as {"histograms":
-    # {name: {rank: {bucket: count}}} (Result.histograms), "extras": {...} (Result.extras)}.
-    final_report: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -275,45 +227,3 @@ def advancing_global_step(training, device: str):
         with tf.control_dependencies([target]), tf.compat.v1.colocate_with(step):
             target = step.assign_add(1).op
     return target, step
-
-
-class StepReport:
-    """The one collective every step runs besides training: the sum over ranks of this rank's
-    share of the step's loss (its loss / ranks in data parallelism), its checkpoint request and
-    the bytes per route it moved in the *previous* step. Every rank learns the loss of the step
-    (so all stop together on NaN), whether rank 0 wants a checkpoint after this step (all ranks
-    take part in reading state averaged over ranks), and the cluster's bytes per route.
-
-    The bytes are the previous step's, fed by the loop (`previous_bytes`), so the report needs
-    nothing the step computes but the loss and can travel inside the dense gradients' own
-    grouped allreduce (`local` -> AllReduceRoute.build(rider=...)): as a collective of its own it
-    cost a Horovod cycle per step (lm, 2 hosts, 1 Gbit: 3,880 -> 4,730 examples/s riding).
-    Byte counts cross as base-2^16 pieces, so a float32 sum stays exact up to 256 ranks."""
-
-    def __init__(self, loss_share, size: int):
-        self.size = size
-        self.checkpoint_request = tf.compat.v1.placeholder_with_default(tf.constant(0.0, tf.float64), [],
-                                                                       name="parallax_ckpt_request")
-        self.previous_bytes = tf.compat.v1.placeholder(tf.float64, [None], name="parallax_previous_bytes")
-        count = tf.cast(tf.round(self.previous_bytes), tf.int64)
-        pieces = tf.stack([count % 2 ** 16, count // 2 ** 16 % 2 ** 16, count // 2 ** 32])
-        self.local = tf.concat([tf.stack([tf.cast(loss_share, tf.float64), self.checkpoint_request]),
-                                tf.reshape(tf.cast(pieces, tf.float64), [-1])], 0)
-
-    def summed(self, ridden: Optional[tf.Tensor] = None) -> tf.Tensor:
-        """[loss, checkpoint requests, previous step's bytes per route], summed over ranks.
-        `ridden`: `local` summed by another collective; None: one of its own.
-        (The loss is never constant, so grappler cannot fold the allreduce away.)"""
-        if ridden is None and self.size > 1:
-            import horovod.tensorflow as hvd
-            ridden = hvd.allreduce(self.local, op=hvd.Sum, name="parallax_step_report")
-        total = tf.cast(ridden if ridden is not None else self.local, tf.float64)
-        pieces = tf.reshape(tf.round(total[2:]), [3, -1])
-        return tf.concat([total[:2], pieces[0] + pieces[1] * 2.0 ** 16 + pieces[2] * 2.0 ** 32], 0)
-
-
-def tensor_bytes(t) -> tf.Tensor:
-    """Bytes of a tensor or IndexedSlices, as an int64 scalar computed at run time."""
-    if isinstance(t, tf.IndexedSlices):
-        return tensor_bytes(t.values) + tensor_bytes(t.indices)
-    return tf.cast(tf.size(t, out_type=tf.int64), tf.int64) * t.dtype.size

@@ -22,8 +22,8 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf import training_graph
-from parallax_tf.errors import ConfigError, ModelError
-from parallax_tf.plan import CutTensor, LayerSplit, human_bytes
+from parallax_tf.errors import ModelError
+from parallax_tf.plan import CutTensor
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 HEAD_KINDS = {"fully_connected", "bias", "norm", "other"}
@@ -164,53 +164,3 @@ def _written_inside(variable, head_ops: set, train_op) -> bool:
             if training_graph.ancestors(op, data_only=True) & head_ops:
                 return True
     return False
-
-
-def layer_split(capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1, sends: str = "auto",
-                cluster=None) -> LayerSplit:
-    """Stanza: the last `fc_nodes` ranks train the FC head; the others (conv nodes) are split
-    into as even contiguous groups, one per FC node. `sends`: a group's conv nodes send
-    "together", "staggered", or "auto": staggered where together they would overflow the FC
-    node's port on `cluster` (a costmodel.Cluster; None: together). `capture`: inspect_graph's."""
-    if capture.head is None:
-        raise ModelError(f"--strategy stanza: {capture.head_problem}")
-    if not 1 <= fc_nodes < num_ranks:
-        raise ConfigError(f"--fc_nodes={fc_nodes} with {num_ranks} rank(s): stanza needs at least one FC node and "
-                          f"one conv node (1 <= --fc_nodes < ranks); start more ranks or use --strategy hybrid")
-    conv = list(range(num_ranks - fc_nodes))
-    if fc_nodes > len(conv):
-        raise ConfigError(f"--fc_nodes={fc_nodes} exceeds the {len(conv)} conv node(s) they would serve; use at "
-                          f"most {len(conv)} FC nodes or more ranks")
-    if microbatches < 1:
-        raise ConfigError(f"--stanza_microbatches must be >= 1, got {microbatches}")
-    sparse_head = [v.name for v in capture.variables if v.name in capture.head.variables and v.gradient == "sparse"]
-    if fc_nodes > 1 and sparse_head:
-        raise ConfigError(f"--fc_nodes={fc_nodes} with a sparse gradient in the FC head ({sparse_head[0]!r}): FC "
-                          "nodes sum only dense head gradients among themselves; use --fc_nodes=1")
-    batch_state = [s.name for s in capture.state if s.per_rank]
-    if microbatches > 1 and batch_state:
-        raise ConfigError(f"--stanza_microbatches={microbatches} with model state computed from the batch "
-                          f"({batch_state[0]!r}, e.g. batch norm): each micro-batch would have its own batch "
-                          "statistics, so training would differ from single-device; use --stanza_microbatches=1")
-    if sends not in ("auto", "together", "staggered"):
-        raise ConfigError(f"--stanza_sends={sends}: choose auto, together or staggered")
-    bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]
-    groups = [conv[bounds[i]:bounds[i + 1]] for i in range(fc_nodes)]
-    staggered, why = _sends(capture, max(map(len, groups)), microbatches, sends, cluster)
-    return LayerSplit(conv_ranks=conv, fc_ranks=list(range(len(conv), num_ranks)), groups=groups,
-                      cut=list(capture.head.cut), microbatches=microbatches, staggered=staggered, sends_reason=why)
-
-
-def _sends(capture, group: int, microbatches: int, sends: str, cluster):
-    """Whether a group's conv nodes send one at a time, and why."""
-    if sends != "auto":
-        return sends == "staggered", f"{sends} (--stanza_sends)"
-    if cluster is None:
-        return False, "together (no cluster to plan for)"
-    from parallax_tf import stanza_cost
-    activations = (capture.batch_size or 1) * sum(t.bytes_per_example for t in capture.head.cut
-                                                  if t.kind == "activation")
-    burst, queue = stanza_cost.fan_in(group, activations, cluster, microbatches)
-    staggered = stanza_cost.staggers(group, activations, cluster, microbatches)
-    return staggered, (f"{'staggered' if staggered else 'together'}: {group} conv node(s) send "
-                       f"{human_bytes(burst)} at once, the FC node's port queues {human_bytes(queue)}")

@@ -1,4 +1,4 @@
-"""DSP's training loop: one rank runs its stage's ticks (rewriters/dsp.py builds the graphs).
+"""DSP's runner: one rank runs its stage's ticks (schedule.py) on the graphs rewrite.py builds.
 
 At tick t stage k forwards batch t - k and updates with batch t - 2(K-1) + k, each when that
 batch exists; the last stage does both for the same batch in one run. Batches [start, steps)
@@ -8,53 +8,32 @@ single-device names can describe and a resumed run continues exactly as an unint
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import List, Optional, Tuple
+from typing import List
 
-import numpy as np
 import tensorflow as tf
 
-from parallax_tf.errors import Diverged
-from parallax_tf.feeds import make_feeds
+from parallax_tf.feeds import batch_size
 from parallax_tf.runtime.hooks import Hook, StepStats
-from parallax_tf.runtime.session import batch_size
+from parallax_tf.runtime.runner import Runner, RunInputs
+from rewriters.dsp.schedule import segments, ticks
 
 
-def ticks(stage: int, stages: int, first: int, end: int, locked: bool = False) -> List[Tuple[Optional[int], Optional[int]]]:
-    """(batch forwarded, batch updated with) by `stage` at each tick of the segment of batches
-    [first, end); None where the stage has no such batch then (filling and draining). Locked:
-    each batch forward and backward through every stage before the next one enters (one run
-    per batch and stage; the queues order them)."""
-    if locked:
-        return [(b, b) for b in range(first, end)]
-    lag = 2 * (stages - 1 - stage)
-    out = []
-    for t in range(end - first + 2 * (stages - 1)):
-        forward, backward = first + t - stage, first + t - stage - lag
-        out.append((forward if first <= forward < end else None, backward if first <= backward < end else None))
-    return out
+class PipelineRunner(Runner):
+    """Runs one DSP stage's ticks; its losses are the batches' (as the last stage computed them, in
+    batch order)."""
 
+    def __init__(self, stage_graph):
+        self.graph = stage_graph
 
-def segments(start: int, steps: int, hooks) -> List[Tuple[int, int]]:
-    """[first, end) ranges of batches, split after every batch where a hook saves state."""
-    bounds = [start] + [b for b in range(start + 1, steps) if any(h.saves_at(b) for h in hooks)] + [steps]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hooks, tracer, guard, timeout_ms=0,
-                   stage_graph=None):
-    """session.train for one DSP stage; returns the losses of the batches (as the last stage
-    computed them, in batch order) and this rank's tick statistics."""
-    graph = stage_graph
-    ctx = dataclasses.replace(ctx, rank=graph.pipeline, size=graph.pipelines)    # each pipeline reads a shard
-    stats = StepStats()
-    losses: List[float] = []
-    options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
-    first_stage = graph.stage == 0
-    watching = [h for h in hooks if not _saves(h)]      # progress, summaries: per batch, rank 0
-    try:
-        for first, end in segments(start, steps, hooks):
+    def train(self, sess, inputs: RunInputs, stats: StepStats) -> List[float]:
+        graph, guard, hooks, steps = self.graph, inputs.guard, inputs.hooks, inputs.steps
+        ctx = inputs.data_ctx(graph.pipeline, graph.pipelines)     # each pipeline reads a shard
+        losses: List[float] = []
+        options = tf.compat.v1.RunOptions(timeout_in_ms=inputs.timeout_ms)
+        first_stage = graph.stage == 0
+        watching = [h for h in hooks if not _saves(h)]      # progress, summaries: per batch, rank 0
+        for first, end in segments(inputs.start, steps, hooks):
             updating = {j: [b is not None for _, b in ticks(j, graph.stages, first, end)] for j in graph.joins}
             for t, (forward, backward) in enumerate(ticks(graph.stage, graph.stages, first, end, graph.locked)):
                 joins = [op for j, ops in graph.joins.items() if updating[j][t] for op in ops]
@@ -63,8 +42,7 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
                 began, moved, rows = time.perf_counter(), 0, 0
                 feeds = {}
                 if forward is not None and first_stage:
-                    ctx.step = forward
-                    feeds = make_feeds(input_fn, ctx, placeholders, dgraph.graph)
+                    feeds = self.feeds(inputs, sess, ctx, forward)
                     rows = batch_size(feeds)
                 if forward is not None and graph.forward is not None:     # the last stage and locked ones: one run
                     with guard(f"stage {graph.stage}: forward of batch {forward}"):
@@ -83,10 +61,7 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
                     rows = rows or int(out.get("rows", 0))
                     loss = float(out["loss"])
                     losses.append(loss)
-                    if not np.isfinite(loss):
-                        raise Diverged(f"stage {graph.stage}: the loss of batch {backward} is {loss}; training stopped "
-                                       "before it could be checkpointed. Lower the learning rate or check the input, "
-                                       "then restart from the last checkpoint")
+                    self.check_finite(loss, f"stage {graph.stage}: the loss of batch {backward}")
                 stats.add(time.perf_counter() - began, {"activations": moved}, rows * ctx.size)
                 if backward is not None:
                     for hook in watching:
@@ -99,11 +74,7 @@ def train_pipeline(sess, dgraph, input_fn, ctx, placeholders, start, steps, hook
             for hook in hooks:          # every rank at once: reading owned state is collective
                 if _saves(hook) and end < steps:
                     hook.after_step(end, losses[-1] if losses else float("nan"), stats)
-    finally:
-        tracer.write()
-    for hook in hooks:
-        hook.end(steps)
-    return losses, stats
+        return losses
 
 
 def _saves(hook) -> bool:

@@ -80,7 +80,7 @@ def update_without(training, target, theirs: set, global_grads: dict, token_name
     `theirs` (variable and slot op names another rank updates) is dropped, together with the
     other side's work it computes from. `check(transform, needed)`, if given, sees the transform
     and what the step still runs before anything is rewired."""
-    from rewriters import transform as transform_lib
+    from rewriters.shared import transform as transform_lib
     needed = training_graph_ancestors(target)
     transform = transform_lib.analyse(training, needed)
     gradient_ops = set(transform.depends)

@@ -13,11 +13,10 @@ reads; two pull buffers the background puller fills from the global copies (with
 they were read at); and the outbox the step drops its update into. The step computes the
 model's own gradient (after the model's own transform, e.g. clipping) on the local copy and
 the rows of sparse variables it reads from their servers. The runner is
-parallax_tf/runtime/async_loop.py.
+rewriters/ps_plus/runner.py.
 """
 from __future__ import annotations
 
-import functools
 from typing import Dict, List
 
 import tensorflow as tf
@@ -26,11 +25,14 @@ from parallax_tf import ops, training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import WRITE_OPS, logical_name
 from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_LOCAL
-from parallax_tf.runtime import async_loop
 from parallax_tf.runtime.barriers import ArrivalBarrier
+from parallax_tf.strategy import BuildRequest, DistributedGraph
 from parallax_tf.values import Part
-from rewriters import transform as transform_lib
-from rewriters.common import BuildRequest, DistributedGraph, ancestors, rebuild, tensor_bytes
+from rewriters.ps_plus.options import PSPlusOptions
+from rewriters.ps_plus.runner import STALENESS_BUCKETS, AsyncRunner, AsyncSpec
+from rewriters.shared import transform as transform_lib
+from rewriters.shared.rebuild import ancestors, rebuild
+from rewriters.shared.step_report import tensor_bytes
 
 _OPTIMIZERS = {tf.compat.v1.train.GradientDescentOptimizer: "sgd", tf.compat.v1.train.MomentumOptimizer: "momentum",
                tf.compat.v1.train.AdagradOptimizer: "adagrad", tf.compat.v1.train.AdamOptimizer: "adam"}
@@ -58,11 +60,11 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         raise ModelError(f"ps_plus counts pushes in the global step, which must be int64; {global_step.op.name} "
                          f"is {global_step.dtype.base_dtype.name} (use tf.compat.v1.train.get_or_create_global_step())")
     pushed = _own_transformed_gradients(training, rebuilt)
-    params = entries[0].params
+    options = PSPlusOptions(**plan.options)
     state = _ServerState(plan, rebuilt, optimizer, global_step)
     with tf.device(topo.worker_device):
         step_targets, outbox, outbox_layout = _outbox(state, pushed, training)
-        push = _push(state, outbox, outbox_layout, optimizer, kind, params)
+        push = _push(state, outbox, outbox_layout, optimizer, kind, options.rule())
         histogram = _count_staleness(push, topo)
         pulls, swaps, pull_bytes = _pull_buffers(state)
         step_bytes = tf.add_n([tensor_bytes(g) for g in pushed.values()]
@@ -77,23 +79,21 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     barrier = ArrivalBarrier(topo.rank, topo.size, topo.server_ranks)
     variables = tf.compat.v1.global_variables()
     on_server = [v for v in variables if "/job:ps" in v.device]
-    spec = async_loop.AsyncSpec(claim=claim, step_targets=step_targets, step_bytes=step_bytes, push=push,
-                                close_outbox=outbox.close(cancel_pending_enqueues=True),
-                                global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
-                                pull_bytes=pull_bytes, max_staleness=int(params["max_staleness"]),
-                                route=ROUTE_ASYNC_PS, histogram=histogram.read_value(),
-                                task_versions={task: info["version"].read_value() for task, info in state.tasks.items()})
+    spec = AsyncSpec(claim=claim, step_targets=step_targets, step_bytes=step_bytes, push=push,
+                     close_outbox=outbox.close(cancel_pending_enqueues=True),
+                     global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
+                     pull_bytes=pull_bytes, max_staleness=options.max_staleness,
+                     route=ROUTE_ASYNC_PS, histogram=histogram.read_value(),
+                     task_versions={task: info["version"].read_value() for task, info in state.tasks.items()})
     dgraph = DistributedGraph(
         graph=tf.compat.v1.get_default_graph(), loss=training.loss,
         train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
         chief_init=[tf.compat.v1.variables_initializer(on_server), histogram.initializer] + barrier.init_ops,
         local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
                             tf.compat.v1.local_variables_initializer()),
-        broadcast=None, barrier=barrier, bytes_per_step={},
+        broadcast=None, barrier=barrier, runner=AsyncRunner(training.loss, spec),
         optimizers=[(state, state.slotted)],
         working_copies=state.working_copies, saved_as=state.saved_as,
-        train_loop=functools.partial(async_loop.train, spec=spec),
-        final_report=functools.partial(async_loop.final_report, spec=spec),
         survivable_loss="ps_plus ranks never wait for each other; this one held no server state")
     return dgraph
 
@@ -254,7 +254,7 @@ def _outbox(state: _ServerState, pushed, training):
     return targets, outbox, layout
 
 
-def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> dict:
+def _push(state: _ServerState, outbox, layout, optimizer, kind: str, rule) -> dict:
     """One outbox entry applied on every task that holds variables; the global step advances
     once (task 0 is one of them, or advances alone)."""
     values = outbox.dequeue()
@@ -281,7 +281,7 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> 
                 slots = [state.get_slot(v, s) for v in item["vars"] for s in optimizer.get_slot_names()]
                 tau, after = ops.stale_apply(info["version"], item["copy_version"], lr, item["vars"], slots,
                                              info["powers"], item["grads"], item["indices"], kind,
-                                             rule=params["rule"], gamma=float(params["gamma"]), **hyper)
+                                             rule=rule[0], gamma=rule[1], **hyper)
             else:
                 after = info["version"].assign_add(1)
                 tau = after - 1 - item["copy_version"]
@@ -295,7 +295,7 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, params) -> 
 def _count_staleness(push: dict, topo):
     """Pushes by rank and staleness, counted on PS 0 as each is applied (the last bucket holds
     every tau >= STALENESS_BUCKETS - 1). Not model state: in no collection, set up by rank 0."""
-    buckets = async_loop.STALENESS_BUCKETS
+    buckets = STALENESS_BUCKETS
     with tf.device("/job:ps/task:0"), tf.compat.v1.colocate_with(None, ignore_existing=True):
         histogram = tf.compat.v1.Variable(tf.zeros([topo.size, buckets], tf.int64), trainable=False,
                                           use_resource=True, collections=[], name="parallax_ps0/staleness")

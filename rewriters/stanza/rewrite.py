@@ -5,7 +5,7 @@ and their gradients cross between the two; the head's weights and gradients neve
 FC nodes, the extractor's never leave the conv nodes.
 
 One step, synchronous (each rank runs one graph; Horovod matches the collectives by name; all
-are global, see rewriters/exchange.py for why no process sets):
+are global, see rewriters/shared/exchange.py for why no process sets):
 - conv node: runs the extractor on its batch (a copy per micro-batch); sends the cut tensors to
   its FC node (alltoall); receives the gradient of its activations; backpropagates it into the
   extractor; sums the extractor's gradients with the other conv nodes (allreduce, FC nodes
@@ -23,22 +23,23 @@ Both run the model's global-step increment, so every rank's copy of the step agr
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, List
 
 import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
-from parallax_tf.layer_cut import ACTIVATION, DATA, INPUT_OPS, REPLICATED
 from parallax_tf.plan import ROUTE_FC_NODE, ROUTE_LOCAL
-from parallax_tf.runtime import session
 from parallax_tf.runtime.barriers import CollectiveBarrier
-from rewriters import exchange, graph_copy, transform as transform_lib
-from rewriters.allreduce_route import AllReduceRoute
-from rewriters.common import (BuildRequest, DistributedGraph, advancing_global_step, ancestors, gradients, rebuild,
-                              StepReport, tensor_bytes)
-from rewriters.pruning import update_without, variable_and_slot_ops
+from parallax_tf.runtime.runner import SyncStep
+from parallax_tf.strategy import BuildRequest, DistributedGraph
+from rewriters.parallax.allreduce_route import AllReduceRoute
+from rewriters.shared import exchange, graph_copy, transform as transform_lib
+from rewriters.shared.pruning import update_without, variable_and_slot_ops
+from rewriters.shared.rebuild import advancing_global_step, ancestors, gradients, rebuild
+from rewriters.shared.step_report import StepReport, tensor_bytes
+from rewriters.stanza.cut import ACTIVATION, DATA, INPUT_OPS, REPLICATED
+from rewriters.stanza.runner import SplitRunner, data_shard
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
@@ -51,7 +52,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         raise ValueError(f"the stanza rewriter cannot build route(s) {other}")
     on_fc = topo.rank in split.fc_ranks
     # model_fn's ctx counts the conv nodes: they are the data shards (FC nodes read no data)
-    data_rank = split.conv_ranks.index(topo.rank) if not on_fc else 0
+    data_rank, _ = data_shard(split, topo.rank) or (0, None)
     request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=data_rank,
                                                                    size=len(split.conv_ranks)))
     rebuilt = rebuild(request, on_servers=[])
@@ -77,17 +78,16 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     summed = report.summed()
     local = tf.compat.v1.global_variables()
     import horovod.tensorflow as hvd
+    step_spec = SyncStep(report=summed, report_routes=sorted(built.bytes), checkpoint_request=report.checkpoint_request,
+                         previous_bytes=report.previous_bytes, bytes_per_step=built.bytes,
+                         lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]))
     return DistributedGraph(
         graph=graph, loss=summed[0], train_op=[step] + built.targets,
         global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
         local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
         broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        bytes_per_step=built.bytes,
-        lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]),
-        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies],
-        report=summed, report_routes=sorted(built.bytes), checkpoint_request=report.checkpoint_request,
-        previous_bytes=report.previous_bytes,
-        train_loop=functools.partial(train_split, conv_ranks=split.conv_ranks))
+        runner=SplitRunner(summed[0], [step] + built.targets, step_spec, split),
+        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies])
 
 
 @dataclasses.dataclass
@@ -315,17 +315,6 @@ class _FCSide(_Side):
             return tf.IndexedSlices(values, tf.cast(exchange.empty([], tf.int64), tf.int64),
                                     tf.constant(variable.shape.as_list(), tf.int64))
         return exchange.zeros(variable.shape, variable.dtype.base_dtype)
-
-
-def train_split(sess, dgraph, input_fn, ctx, placeholders, start, steps, hooks, tracer, guard, timeout_ms=0,
-                conv_ranks=()):
-    """session.train for Stanza: conv nodes read their data shard (ctx counts conv nodes only);
-    FC nodes read no data."""
-    if ctx.rank in conv_ranks:
-        data_ctx = dataclasses.replace(ctx, rank=list(conv_ranks).index(ctx.rank), size=len(conv_ranks))
-        return session.train(sess, dgraph, input_fn, data_ctx, placeholders, start, steps, hooks, tracer, guard,
-                             timeout_ms)
-    return session.train(sess, dgraph, None, ctx, [], start, steps, hooks, tracer, guard, timeout_ms)
 
 
 def _state_names(plan) -> set:

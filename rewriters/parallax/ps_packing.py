@@ -18,8 +18,9 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from rewriters.common import DistinctLookup, ancestors, tensor_bytes
-from rewriters.transform import rewire
+from rewriters.shared.rebuild import DistinctLookup, ancestors
+from rewriters.shared.step_report import tensor_bytes
+from rewriters.shared.transform import rewire
 
 
 @dataclasses.dataclass(eq=False)

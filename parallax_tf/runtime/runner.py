@@ -1,0 +1,139 @@
+"""The runner protocol: how one rank trains the graph its rewriter built.
+
+`Runner.run(session, inputs)` trains steps [inputs.start, inputs.steps) and returns this rank's
+losses and step statistics. `RunInputs` bundles what every runner gets; `Runner` is the shared
+base (feeds, the divergence check, hooks, tracing); `SyncRunner` is synchronous data
+parallelism, one session run per step. Techniques whose step is not that (asynchronous pushes,
+a pipeline's ticks, a layer split's data shards) bring their own runner built on this base, in
+their package.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.errors import Diverged
+from parallax_tf.feeds import batch_size, make_feeds
+from parallax_tf.model import RunContext
+from parallax_tf.runtime.hooks import Hook, StepStats
+
+
+@dataclasses.dataclass
+class RunInputs:
+    """What a runner gets besides the session."""
+    input_fn: Optional[Callable]
+    ctx: RunContext           # this rank's; `data_ctx` is the one input_fn sees
+    placeholders: List[str]   # the placeholders the loss needs fed
+    start: int                # the global step training starts at (a resume's)
+    steps: int                # train until the global step reaches it
+    hooks: List[Hook]
+    tracer: object            # hooks.StepTracer
+    guard: Callable           # guard(what) -> context naming a lost peer (session.cross_rank_errors)
+    timeout_ms: int = 0       # every session run's deadline
+
+    def data_ctx(self, rank: int, size: int) -> RunContext:
+        """The context input_fn sees when this rank reads shard `rank` of `size`."""
+        return dataclasses.replace(self.ctx, rank=rank, size=size)
+
+
+class Runner:
+    """Shared base. A subclass implements `train(session, inputs, stats)` and returns the losses."""
+
+    def run(self, session, inputs: RunInputs):
+        stats = StepStats()
+        try:
+            losses = self.train(session, inputs, stats)
+        finally:
+            inputs.tracer.write()
+        for hook in inputs.hooks:      # only after a clean finish: never checkpoint a broken state
+            hook.end(inputs.steps)
+        return losses, stats
+
+    def train(self, session, inputs: RunInputs, stats: StepStats) -> List[float]:
+        raise NotImplementedError
+
+    def final_report(self, session) -> dict:
+        """Once every rank's updates are in: {"histograms": {name: {rank: {bucket: count}}},
+        "extras": {...}} (Result.histograms, Result.extras)."""
+        return {}
+
+    @staticmethod
+    def feeds(inputs: RunInputs, session, ctx: Optional[RunContext], step: int) -> dict:
+        """input_fn's batch for `step` as read by `ctx` (None: this rank reads no data)."""
+        if ctx is None:
+            return make_feeds(None, inputs.ctx, [], session.graph)
+        ctx.step = step
+        return make_feeds(inputs.input_fn, ctx, inputs.placeholders, session.graph)
+
+    @staticmethod
+    def check_finite(loss: float, subject: str, when: str = "") -> None:
+        """Stops the run with a Diverged error naming `subject` (the loss) and `when`."""
+        if not np.isfinite(loss):
+            raise Diverged(f"{subject} is {loss}{when}; training stopped before it could be checkpointed. Lower "
+                           "the learning rate or check the input, then restart from the last checkpoint")
+
+
+@dataclasses.dataclass
+class SyncStep:
+    """The graph pieces of a synchronous step besides the train op (rewriters' StepReport)."""
+    report: object                        # [loss, checkpoint requests, previous bytes per route] summed over ranks
+    report_routes: List[str]
+    checkpoint_request: object            # placeholder (default 0): rank 0 asks for a checkpoint
+    previous_bytes: object                # placeholder: this rank's bytes of the last step, by report_routes
+    bytes_per_step: Dict[str, object]     # route -> bytes this rank moved in the step
+    lower_bound_bytes: object             # the least the plan's variables need per step
+    # Work done after some steps (a communication round): step -> (extra targets run in the same
+    # session run as that step's, their feeds).
+    scheduled: Callable[[int], tuple] = lambda step: ([], {})
+
+
+class SyncRunner(Runner):
+    """Every rank runs one step in one session run; the step's collectives keep them together."""
+
+    def __init__(self, loss, train_op, step: SyncStep, data_shard: Optional[Callable[[RunContext], Optional[tuple]]] = None):
+        """`data_shard(ctx)`: the (shard, shards) this rank reads, None for no data (default: one
+        shard per rank)."""
+        self.loss, self.train_op, self.step = loss, train_op, step
+        self.data_shard = data_shard or (lambda ctx: (ctx.rank, ctx.size))
+
+    def train(self, session, inputs: RunInputs, stats: StepStats) -> List[float]:
+        spec, ctx = self.step, inputs.ctx
+        shard = self.data_shard(ctx)
+        reads = shard is not None
+        data_ctx = inputs.data_ctx(*shard) if reads else ctx
+        losses: List[float] = []
+        fetches = {"loss": self.loss, "report": spec.report, "train": self.train_op,
+                   "bytes": spec.bytes_per_step, "lower_bound": spec.lower_bound_bytes}
+        previous_bytes = [0.0] * len(spec.report_routes)     # the report sums the last step's
+        for step in range(inputs.start, inputs.steps):
+            ctx.step = step
+            feeds = self.feeds(inputs, session, data_ctx if reads else None, step)
+            feeds[spec.checkpoint_request] = sum(hook.request(step + 1) for hook in inputs.hooks)
+            feeds[spec.previous_bytes] = previous_bytes
+            extra_targets, extra_feeds = spec.scheduled(step)
+            feeds.update(extra_feeds)
+            options, metadata = inputs.tracer.options(step)
+            # A whole step has a deadline too: a Horovod collective that never completes is not
+            # covered by the session's operation timeout.
+            options = options or tf.compat.v1.RunOptions()
+            options.timeout_in_ms = inputs.timeout_ms
+            begin = time.perf_counter()
+            with inputs.guard(f"step {step}"):
+                out = session.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
+            report = out["report"]
+            mean_loss = report[0]          # every rank added its share
+            stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * data_ctx.size,
+                      out["lower_bound"], dict(zip(spec.report_routes, report[2:])) if step > inputs.start else None)
+            previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes]
+            stats.checkpoint_requested = report[1] > 0
+            inputs.tracer.record(step, metadata)
+            losses.append(float(out["loss"]))
+            # The mean over ranks decides, so every rank stops at the same step.
+            self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step}")
+            for hook in inputs.hooks:
+                hook.after_step(step + 1, float(mean_loss), stats)
+        return losses

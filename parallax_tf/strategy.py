@@ -1,0 +1,193 @@
+"""The contract between the core (inspect, plan, run) and a technique.
+
+A technique is one package under rewriters/ that registers a `Strategy` per --strategy name: its
+options (a dataclass whose fields name their absl flags), what inspection must measure for it,
+its planning rule, its rewrite and, through the graph it returns, its runner. The core reaches
+the techniques only through this registry; `import parallax_tf` fills it (parallax_tf.api
+imports rewriters). docs/design.md walks through adding one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from parallax_tf.errors import ConfigError
+
+
+# ---- options ----------------------------------------------------------------------------------
+def option(default, flag: str, help: str, choices: Optional[Sequence[str]] = None, kind: Optional[str] = None):
+    """A field of a strategy's options dataclass, set by the absl flag `flag`. `kind`: "list"
+    for a comma-separated flag (default: from the default's type)."""
+    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return dataclasses.field(metadata={"flag": flag, "help": help, "choices": choices, "kind": kind}, **factory)
+
+
+@dataclasses.dataclass
+class NoOptions:
+    pass
+
+
+def flag_names(options_type) -> Dict[str, str]:
+    """Flag name -> field name of an options dataclass."""
+    return {f.metadata["flag"]: f.name for f in dataclasses.fields(options_type)}
+
+
+def define_flags(options_type) -> None:
+    """Defines the absl flags of an options dataclass (once per process)."""
+    from absl import flags
+    for field in dataclasses.fields(options_type):
+        meta = field.metadata
+        name, default = meta["flag"], field.default if field.default is not dataclasses.MISSING \
+            else field.default_factory()
+        if name in flags.FLAGS:
+            continue
+        if meta["choices"]:
+            flags.DEFINE_enum(name, default, list(meta["choices"]), meta["help"])
+        elif meta["kind"] == "list" or isinstance(default, list):
+            flags.DEFINE_list(name, default, meta["help"])
+        elif isinstance(default, bool):
+            flags.DEFINE_bool(name, default, meta["help"])
+        elif isinstance(default, int) or (default is None and meta["kind"] == "int"):
+            flags.DEFINE_integer(name, default, meta["help"])
+        elif isinstance(default, float):
+            flags.DEFINE_float(name, default, meta["help"])
+        else:
+            flags.DEFINE_string(name, default, meta["help"])
+
+
+# ---- planning ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class PlanRequest:
+    """What a planning rule gets: the inspected model, the cluster, and the options."""
+    capture: object                       # inspect_graph.Capture
+    num_ranks: int
+    num_hosts: int
+    partitions: Optional[int] = None      # --partitions: forced shard count of sparse PS variables
+    local_aggregation: bool = True
+    cost_cluster: object = None           # costmodel.Cluster the cost model plans for
+    options: object = None                # this strategy's options dataclass
+    all_options: Dict[str, object] = dataclasses.field(default_factory=dict)   # strategy -> its options
+
+    def options_of(self, name: str):
+        """Another strategy's options (a rule that may choose it): as parsed, else its defaults."""
+        return self.all_options.get(name) or get(name).Options()
+
+    @functools.cached_property
+    def loads(self):
+        """The cost model's per-variable loads (computed once per plan)."""
+        from parallax_tf import costmodel
+        return costmodel.loads_from(self.capture)
+
+
+@dataclasses.dataclass
+class Decisions:
+    """A planning rule's answer; the planner turns it into the Plan's entries."""
+    routes: Dict[str, Tuple[str, str]]                 # variable -> (route, why)
+    params: Dict[str, dict] = dataclasses.field(default_factory=dict)   # variable -> route parameters
+    partitions: Optional[Dict[str, Tuple[int, str]]] = None   # shard counts chosen (None: the planner's)
+    state: Dict[str, Tuple[list, str]] = dataclasses.field(default_factory=dict)  # state -> (ranks, where)
+    ranks_meet: bool = True        # False: ranks never step together, so no state is averaged over them
+    split: object = None           # plan.LayerSplit
+    pipeline: object = None        # plan.Pipeline
+    plan: object = None            # a whole plan made by another strategy's rule instead
+
+
+# ---- the protocol -----------------------------------------------------------------------------
+class Strategy:
+    """One --strategy. Subclasses set the class attributes and implement decide and rewrite."""
+    name: str = ""
+    Options: type = NoOptions
+    time_compute: bool = False      # inspection times a step (the cost model's compute term)
+    measures: Tuple[object, ...] = ()   # inspect_graph.Measure objects: what else inspection finds
+
+    def check(self, options) -> None:
+        """Raises ConfigError for option values this strategy cannot run with."""
+
+    def decide(self, request: PlanRequest) -> Decisions:
+        raise NotImplementedError
+
+    def place(self, entry, info, request: PlanRequest, server_load: List[int]) -> None:
+        """Lays out a variable on a route of this strategy's own (shards, copies). The planner
+        has already sharded the parameter-server routes (ps, async_ps) by rows."""
+
+    def bytes_per_step(self, entry, info, num_ranks: int, options) -> Optional[int]:
+        """Plan-time bytes estimate for a route of this strategy's own (None: the planner's)."""
+        return None
+
+    def rewrite(self, request: "BuildRequest") -> "DistributedGraph":
+        raise NotImplementedError
+
+
+_REGISTRY: Dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    if strategy.name in _REGISTRY and type(_REGISTRY[strategy.name]) is not type(strategy):
+        raise ValueError(f"strategy {strategy.name!r} registered twice")
+    define_flags(strategy.Options)
+    _REGISTRY[strategy.name] = strategy
+    return strategy
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Strategy:
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def option_flags() -> Dict[str, str]:
+    """Every registered strategy's option flags: flag -> strategy."""
+    return {flag: s.name for s in _REGISTRY.values() for flag in flag_names(s.Options)}
+
+
+def parse_options(values: Dict[str, object]) -> Dict[str, object]:
+    """Strategy -> its options dataclass from flag values (each strategy's checked)."""
+    out = {}
+    for strategy in _REGISTRY.values():
+        fields = flag_names(strategy.Options)
+        options = strategy.Options(**{field: values[flag] for flag, field in fields.items()})
+        strategy.check(options)
+        out[strategy.name] = options
+    return out
+
+
+# ---- rewriting --------------------------------------------------------------------------------
+@dataclasses.dataclass
+class BuildRequest:
+    """Everything a rewriter gets: the user's model_fn and the decisions already taken."""
+    model_fn: Callable
+    ctx: object            # model.RunContext
+    plan: object           # plan.Plan
+    topology: object       # runtime.topology.Topology
+    seed: int
+
+
+@dataclasses.dataclass
+class DistributedGraph:
+    """What a rewriter built on one rank, as the runtime uses it: what to initialise, where the
+    state is (for checkpoints and results), and the runner that trains it."""
+    graph: object                               # tf.Graph
+    loss: object                                # this rank's loss tensor
+    train_op: list                              # the step's targets
+    global_step: object                         # read of the one global step
+    parts: Dict[str, list]                      # logical name -> its pieces (values.Part) in this graph
+    chief_init: list                            # run once by rank 0: PS state, slots, step
+    local_init: object                          # run by every rank: local replicas' state
+    broadcast: object                           # dense replicas from rank 0 to all (None: nothing)
+    barrier: object                             # runtime.barriers: the run's rendezvous points
+    runner: object                              # runtime.runner.Runner: trains this graph
+    # (optimizer, variables it updates in this graph): where slots and non-slot state live
+    optimizers: List[tuple] = dataclasses.field(default_factory=list)
+    working_copies: set = dataclasses.field(default_factory=set)   # variable names that are not state
+    # variable name -> (checkpoint key, order): further copies of a saved value (copy 0 is read)
+    saved_as: Dict[str, tuple] = dataclasses.field(default_factory=dict)
+    # variable -> how lookups read its shards ("mod"/"div"), where the rewriter found out
+    layouts: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # Why the job may go on without a rank that holds no server state ("": it may not; a lost
+    # rank stops every rank).
+    survivable_loss: str = ""

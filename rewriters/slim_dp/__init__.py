@@ -1,0 +1,62 @@
+"""Slim-DP (Sun et al., arXiv 1709.09393): dense variables on the significant route (local
+replicas; per round only the significant + explored coordinates synchronised through the PS,
+route.py), sparse variables on Parallax's PS route."""
+import math
+
+from parallax_tf import strategy
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, ROUTE_SIGNIFICANT, Shard
+from rewriters.parallax import hybrid_route
+from rewriters.parallax.sync import assemble
+from rewriters.slim_dp.options import SlimOptions
+from rewriters.slim_dp.route import SignificantRoute
+
+# A variable with at least this many elements has its global copy split over every server: each
+# host's link then carries 1/H of the round's traffic, not all of it on one.
+SPLIT_ELEMENTS = 1 << 16
+
+
+class SlimDP(strategy.Strategy):
+    name = "slim_dp"
+    Options = SlimOptions
+
+    def check(self, options):
+        options.check()
+
+    def decide(self, request):
+        routes = {}
+        for info in request.capture.variables:
+            routes[info.name] = (ROUTE_SIGNIFICANT, (
+                "dense gradient, strategy slim_dp: a local replica per rank; each round only the significant "
+                "+ explored coordinates are synchronised on the PS")) if info.gradient == "dense" else hybrid_route(info)
+        return strategy.Decisions(routes)
+
+    def place(self, entry, info, request, server_load):
+        if entry.route == ROUTE_SIGNIFICANT:
+            split_elements(entry, info, request.num_hosts, server_load)
+
+    def bytes_per_step(self, entry, info, num_ranks, options):
+        if entry.route != ROUTE_SIGNIFICANT or num_ranks <= 1:
+            return None
+        chosen = options.core + options.explore          # push + pull the selected values per round
+        return int(2 * chosen * info.bytes / max(1, options.period))
+
+    def rewrite(self, request):
+        return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), self.name, {ROUTE_SIGNIFICANT: SignificantRoute})
+
+
+def split_elements(entry, info, num_hosts: int, load) -> None:
+    """The global copy of a significant-route variable: its flattened elements in contiguous
+    ranges, one per server for large variables, each with its own core set."""
+    elements = max(1, math.prod(info.shape))
+    count = num_hosts if elements >= SPLIT_ELEMENTS else 1
+    sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
+    start = 0
+    for i, size in enumerate(sizes):
+        server = min(range(num_hosts), key=lambda s: (load[s], s))
+        load[server] += size * (info.bytes // elements)
+        entry.shards.append(Shard(name=f"{info.name}/parallax_global/part_{i}", row_start=start,
+                                  row_end=start + size, server=server))
+        start += size
+    entry.layout = "flat"
+    if count > 1:
+        entry.reason += f"; global copy split over {count} servers"
