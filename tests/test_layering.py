@@ -81,3 +81,30 @@ def test_the_checks_see_the_imports():
     graph = _graph()
     assert "rewriters.shared.rebuild" in graph["rewriters.parallax.sync"] and "rewriters" in graph["parallax_tf.api"]
     assert "parallax_tf.runtime.topology" in graph["parallax_tf.runtime.cluster"]
+
+
+# strategy names that are no route's (a route named "ps" or "allreduce" is the plan's vocabulary)
+_STRATEGY_WORDS = re.compile(r"\b(hybrid|slim_dp|slim-dp|ps_plus|ps\+|stanza|dsp)\b", re.IGNORECASE)
+
+
+def test_the_core_names_no_strategy():
+    """api, the planner and the runtime reach every strategy through parallax_tf.strategy."""
+    core = [os.path.join(ROOT, "parallax_tf", name) for name in ("api.py", "planner.py")]
+    runtime = os.path.join(ROOT, "parallax_tf", "runtime")
+    core += [os.path.join(runtime, name) for name in sorted(os.listdir(runtime)) if name.endswith(".py")]
+    named = [f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}" for path in core
+             for number, line in enumerate(open(path), 1) if _STRATEGY_WORDS.search(line)]
+    assert not named, "the core names a strategy:\n" + "\n".join(named)
+    assert len(core) > 10
+
+
+def test_each_strategy_is_one_package():
+    from parallax_tf import strategy
+    import rewriters
+    packages = {type(s).__module__.split(".")[1] for s in rewriters.STRATEGIES}
+    assert packages == {"parallax", "slim_dp", "ps_plus", "stanza", "dsp"}
+    assert strategy.names() == ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
+    for each in rewriters.STRATEGIES:
+        assert strategy.get(each.name) is each
+        for measure in each.measures:      # inspection's extra work comes from the techniques
+            assert type(measure).__module__.split(".")[0] == "rewriters"
