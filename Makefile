@@ -13,7 +13,7 @@ $(STAMP): tools/setup.sh setup.py parallax_tf/native/bind_shim.c $(wildcard para
 
 # The main job: the LSTM language model on 2 local ranks, Parallax hybrid strategy.
 demo: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m models.lm --np 2 --strategy hybrid --steps 60 --log_every 10
+	$(PY) -m models.lm --np 2 --strategy hybrid --steps 60 --log_every 10
 
 plan: $(STAMP)
 	$(PY) -m models.lm --plan_only --np 2

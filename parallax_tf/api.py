@@ -40,6 +40,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     partitions, slim_core, ...); keyword arguments override the flags. `hooks`
     (runtime.hooks.Hook) run on every rank around and between steps. Outside any launcher with
     np > 1 this process launches the ranks, waits for them and exits with their status."""
+    phases = {"run": time.time()}        # when each start-up phase ended (Result.extras["phases"])
     opts = ptf_flags.resolve(steps=steps, **options)
     quiet.apply(opts.verbose)
     if opts.plan_only:
@@ -50,19 +51,22 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
     cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose, opts.threads)
+    phases["rendezvous"] = time.time()
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                           "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, **measurements(opts.strategy))
+    phases["inspection"] = time.time()
     plan = _agree_on_plan(captured, opts, topo, cluster)
+    phases["plan"] = time.time()
     if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
-    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, list(hooks))
+    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, list(hooks), phases)
 
 
-def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -> Result:
+def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, phases) -> Result:
     import horovod.tensorflow as hvd
     topo = cluster.topology
     run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
@@ -82,6 +86,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
     placement.host_servers_on_workers(graph, topo.server_ranks)
     graph.finalize()
+    phases["graph"] = time.time()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
     remote = session.remote_tasks(graph, topo.rank)
@@ -99,6 +104,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -
     peer_lost = False
     try:
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
+        phases["session"] = time.time()
         if topo.is_chief and start:
             print(f"resumed from {store.latest()} at step {start}", flush=True)
         for hook in hooks:
@@ -109,6 +115,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -
                            opts.timeout_s * 1000)
         losses, stats = dgraph.runner.run(sess, inputs)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+        phases["training"] = time.time()
         threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
         with guard("collecting results"):
             dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
@@ -138,6 +145,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks) -
             # rank's server: never with a rank gone (it would wait for that server forever)
             if dgraph.barrier.may_reset(topo.rank) and alive() == set(range(topo.size)):
                 tf.compat.v1.Session.reset(cluster.target, [run_id])
+    phases["results"] = time.time()
+    stats.extras["phases"] = phases
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
                     bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),

@@ -5,15 +5,20 @@ class ParallaxError(Exception):
     """Base class: the run cannot go on; the message says why and what to change."""
 
 
-class ModelError(ParallaxError):
+class UserError(ParallaxError):
+    """Caused by the user's model, input or options: on the command line the program ends with
+    the message on one line and exit status 2 (parallax_tf.runtime.exit)."""
+
+
+class ModelError(UserError):
     """model_fn built something the toolkit cannot train."""
 
 
-class InputError(ParallaxError):
+class InputError(UserError):
     """input_fn did not provide what the graph needs."""
 
 
-class ConfigError(ParallaxError):
+class ConfigError(UserError):
     """A flag or keyword argument is out of range or unknown."""
 
 

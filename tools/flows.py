@@ -35,7 +35,7 @@ FLAGS = flags.FLAGS
 
 COUNTERS = ("bytes_sent", "bytes_retrans", "segs_out", "data_segs_out")
 KINDS = ("TF answers", "gRPC requests", "Horovod")
-_PROGRESS = re.compile(r"^\[0\]<stdout>:step (\d+)/(\d+) ")
+_PROGRESS = re.compile(r"^step (\d+)/(\d+) ")       # rank 0's lines come through unprefixed
 _ADDRESSES = re.compile(r"parallax_tf rank (\d+): worker (\S+?)(?:, ps (\S+))?$")
 
 
@@ -142,7 +142,7 @@ def main(argv):
         print(f"tools.flows: no window of two progress lines (exit status {status}); give the job --log_every "
               "so that rank 0 prints at least two after the warm-up", file=sys.stderr)
         sys.exit(status or 1)
-    done = re.findall(r"^\[0\]<stdout>:(done: .*)$", output, re.M)
+    done = re.findall(r"^(done: .*)$", output, re.M)
     print(f"the job's rank 0: {done[-1] if done else '(no summary line)'}")
     print(f"{FLAGS.hosts} hosts, {FLAGS.bandwidth}, {steps} steps counted:")
     print(table(figures))

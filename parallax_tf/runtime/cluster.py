@@ -2,8 +2,8 @@
 
 Every rank runs one `worker` server (its session's target when its graph uses other tasks or
 another rank's graph uses its worker: see session.alone); the first rank's server of each host
-also holds the PS shards the plan puts on the host (runtime.placement). The tf_ps baseline asks
-for a separate `ps` server on each host's first rank, as TF's own examples run it. Addresses are
+also holds the PS shards the plan puts on the host (runtime.placement). A caller may ask for a
+further job with one task per host (`host_job`: tools/baselines.py's TF parameter servers). Addresses are
 exchanged with Horovod's allgather, so no extra coordination service is needed.
 """
 from __future__ import annotations
@@ -20,13 +20,8 @@ import tensorflow as tf
 from parallax_tf.errors import ClusterError
 from parallax_tf import threads as pool_threads
 from parallax_tf.runtime import bind
+from parallax_tf.runtime.launch import under_launcher  # noqa: F401  (part of this module's interface)
 from parallax_tf.runtime.topology import Topology
-
-LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-
-def under_launcher() -> bool:
-    return any(k in os.environ for k in LAUNCHER_ENV)
 
 
 @dataclasses.dataclass

@@ -1,6 +1,10 @@
 """`python train.py --np N` outside any launcher: start N local ranks through Horovod's gloo
 rendezvous on loopback (parallax_tf/runtime/launcher.py), stream their output and return the
-job's exit status."""
+job's exit status.
+
+`import parallax_tf` does this before TensorFlow is imported when the command line asks for
+ranks (launch_if_asked): the launching process then never imports TensorFlow, which takes
+seconds and prints its start-up notices."""
 from __future__ import annotations
 
 import os
@@ -11,13 +15,50 @@ import sys
 from parallax_tf.runtime import bind, quiet
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def under_launcher() -> bool:
+    return any(k in os.environ for k in LAUNCHER_ENV)
+
+
+def requested_ranks(args) -> int:
+    """--np N of a command line that trains (not --plan_only); 0 when it asks for no ranks or
+    says it unclearly (absl then parses it and the run says what is wrong)."""
+    count, plan_only = 0, False
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if name in ("--np", "-np"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            count = int(value) if value.isdigit() else 0
+        elif name in ("--plan_only", "-plan_only"):
+            plan_only = not eq or value.lower() in ("true", "1")
+        elif name in ("--noplan_only", "-noplan_only"):
+            plan_only = False
+    return 0 if plan_only else count
+
+
+def launch_if_asked(argv) -> None:
+    """Starts the ranks and exits with the job's status when this command line asks for more
+    than one rank and no launcher started it."""
+    if under_launcher() or sys.flags.interactive or not getattr(sys, "orig_argv", None):
+        return
+    main = sys.modules.get("__main__")
+    if main is None or not getattr(main, "__file__", None):
+        return                         # python -c, a notebook: run() launches as before
+    count = requested_ranks(argv[1:])
+    if count > 1:
+        sys.exit(launch_local(count, any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)))
 
 
 def launch_local(num_ranks: int, verbose: bool = False) -> int:
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
     argv = list(sys.orig_argv[1:])
     # run by path: see launcher.py for why it must not be started with -m
-    command = [sys.executable, LAUNCHER, "--np", str(num_ranks), "--", sys.executable, *argv]
+    command = [sys.executable, LAUNCHER, "--np", str(num_ranks)] + (["--verbose"] if verbose else []) + \
+        ["--", sys.executable, *argv]
     env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     # The ranks run in their own session: a SIGTERM to this process must reach them too, or

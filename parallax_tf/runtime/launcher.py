@@ -10,12 +10,17 @@ Horovod's own launcher stops every rank when any rank fails. Here the job decide
 knows which ranks it can lose (a strategy whose ranks never wait for each other can lose any
 rank that holds no server state), rank 0 writes them to $PARALLAX_JOB_DIR/expendable.json.
 When one of those exits, the others go on and the job's status is theirs; when any other
-rank fails, every rank is stopped, as horovodrun does."""
+rank fails, every rank is stopped, as horovodrun does.
+
+The ranks' output is the job's one stream (RankOutput): rank 0's lines as they are, another
+rank's prefixed `[rank N]`, a user error every rank reports printed once, and TensorFlow's,
+absl's, oneDNN's, gRPC's and Horovod's own log lines dropped unless --verbose."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -26,6 +31,70 @@ from typing import Callable, List, Optional
 
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 EXPENDABLE_FILE = "expendable.json"
+USER_ERROR_PREFIX = "parallax_tf: error: "    # a rank's one-line end on a user error (runtime/exit.py)
+USER_ERROR_STATUS = 2
+# Start-up notices and C++ log lines of TensorFlow, absl, oneDNN, gRPC and Horovod
+NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] "                          # absl / glog format
+    r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] \S+:\d+\] "        # TF's and Horovod's own
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags")
+
+
+def is_noise(line: str) -> bool:
+    return NOISE.match(line) is not None
+
+
+class JobOutput:
+    """What the ranks' streams share: the user errors already printed, and who printed one."""
+
+    def __init__(self, verbose: bool = False, stopping: Optional[threading.Event] = None):
+        self.verbose = verbose
+        self.stopping = stopping or threading.Event()     # set: the launcher is stopping the ranks
+        self.lock = threading.Lock()
+        self.errors: set = set()
+        self.user_error_ranks: set = set()
+
+
+class RankOutput:
+    """One rank's stdout or stderr, written to `sink` as part of the job's one stream. From a
+    traceback on, another rank's stderr is held until it exits (release): a rank that fails
+    because the job was already ending (a peer's user error or crash) adds nothing."""
+
+    def __init__(self, rank: int, sink, job: JobOutput, holds: bool = False):
+        self.rank, self.sink, self.job = rank, sink, job
+        self.holds = holds and rank != 0
+        self.held: Optional[List[str]] = None
+
+    def write(self, text: str) -> None:
+        line = text.rstrip("\r\n")
+        if not self.job.verbose and (is_noise(line) or line == "Terminated" and self.job.stopping.is_set()):
+            return                      # (the shell's note on a rank this launcher stopped)
+        if self.held is None and self.holds and line.startswith("Traceback (most recent call last)"):
+            self.held = []
+        if self.held is not None and not line.startswith(USER_ERROR_PREFIX):
+            self.held.append(f"[rank {self.rank}] {text}")
+            return
+        if line.startswith(USER_ERROR_PREFIX):
+            with self.job.lock:
+                self.job.user_error_ranks.add(self.rank)
+                if line in self.job.errors:
+                    return              # every rank reports it: once is enough
+                self.job.errors.add(line)
+        elif self.rank != 0:
+            text = f"[rank {self.rank}] {text}"
+        self.sink.write(text)
+        self.sink.flush()
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def release(self, job_was_ending: bool) -> None:
+        """The rank exited: what it held is shown unless the job was already ending."""
+        held, self.held = self.held or [], None
+        if held and not job_was_ending and not self.job.errors:
+            self.sink.write("".join(held))
+            self.sink.flush()
 
 
 def write_expendable(ranks, why: str) -> None:
@@ -48,10 +117,11 @@ def _expendable(job_dir: str) -> dict:
 
 
 def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
-        wrap: Optional[Callable] = None, timeout_s: float = 0) -> int:
+        wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False) -> int:
     """Runs `command` as `num_proc` ranks on `hosts` (Horovod's "h1:2,h2:2" syntax) and returns
     the job's status: the first failure of a rank the job could not lose, else 0. `wrap(cmd,
-    slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace)."""
+    slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace);
+    `verbose`: the ranks' log lines are not filtered."""
     from horovod.runner import gloo_run
     from horovod.runner.common.util import safe_shell_exec
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
@@ -59,6 +129,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
                                      elastic=False, prefix_output_with_timestamp=False)
     stop_all = threading.Event()
+    output = JobOutput(verbose, stop_all)
     signalled = threading.Event()     # Horovod's own event: a SIGINT or SIGTERM to this process
     failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
     lock = threading.Lock()
@@ -77,7 +148,10 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     def exec_rank(cmd, slot_info, events):
         rank = slot_info.rank
         events = list(events or []) + [stop_all]
-        code = safe_shell_exec.execute(wrap(cmd, slot_info) if wrap else cmd, index=rank, events=events)
+        errors = RankOutput(rank, sys.stderr, output, holds=True)
+        code = safe_shell_exec.execute(wrap(cmd, slot_info) if wrap else cmd, events=events,
+                                       stdout=RankOutput(rank, sys.stdout, output), stderr=errors)
+        errors.release(job_was_ending=stop_all.is_set())
         if code == 0:
             return 0, 0.0
         if any(event.is_set() for event in events):      # stopped by us or by a signal to us
@@ -91,8 +165,9 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
             print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
                   f"the other ranks go on without it ({survivable['why']})", file=sys.stderr, flush=True)
             return 0, 0.0
-        print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
-              "stopping the other ranks", file=sys.stderr, flush=True)
+        if not (code == USER_ERROR_STATUS and rank in output.user_error_ranks):    # it said why
+            print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
+                  "stopping the other ranks", file=sys.stderr, flush=True)
         with lock:
             failures.insert(0, code)
         stop_all.set()
@@ -121,12 +196,14 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, required=True, help="ranks on this host")
+    parser.add_argument("--verbose", action="store_true", help="keep the ranks' log lines")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the rank's command after --")
-    return run(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1")
+    return run(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1",
+               verbose=args.verbose)
 
 
 if __name__ == "__main__":

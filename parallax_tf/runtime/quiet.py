@@ -2,13 +2,20 @@
 
 TensorFlow reads TF_CPP_MIN_LOG_LEVEL once, at its first log line (its import), so the C++
 side is quieted through the environment of the ranks the launcher starts (and of this process
-when parallax_tf is imported before TensorFlow). The Python side (deprecation notices through
+when parallax_tf is imported before TensorFlow). What TF's C++ side prints while it loads,
+before its log settings take effect (absl's pre-initialisation notice, oneDNN's), is held back
+during the import and dropped (tensorflow_import). The Python side (deprecation notices through
 TF's logger and `warnings`) is quieted here. Errors always show."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import tempfile
 import warnings
+
+from parallax_tf.runtime.launcher import is_noise
 
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -37,6 +44,34 @@ def apply(verbose: bool) -> None:
 
 def prefer_quiet_tensorflow(argv) -> None:
     """Before TensorFlow is imported: keep its C++ info lines (oneDNN...) out unless --verbose."""
-    if "--verbose" not in argv and "--verbose=true" not in argv:
+    if not _verbose(argv):
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
+
+
+@contextlib.contextmanager
+def tensorflow_import(argv):
+    """Around the first import of TensorFlow: this process's stderr (file descriptor 2) goes to a
+    file, and what is not a start-up notice is written back afterwards, in order."""
+    if _verbose(argv) or "tensorflow" in sys.modules:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not is_noise(line.rstrip("\r\n"))]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
+def _verbose(argv) -> bool:
+    return any(a in ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True") for a in argv)

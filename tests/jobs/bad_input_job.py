@@ -2,11 +2,10 @@
 import os
 import sys
 
-import tensorflow as tf
-from absl import app, flags
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-import parallax_tf as ptf  # noqa: E402
+import parallax_tf as ptf  # noqa: E402  (before TensorFlow, as the README asks)
+import tensorflow as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
 from tests import cases  # noqa: E402
 
 flags.DEFINE_string("case", "ok", "what to get wrong")

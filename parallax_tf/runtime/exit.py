@@ -1,0 +1,59 @@
+"""How a command-line run ends on an error.
+
+An uncaught UserError (ConfigError, ModelError, InputError) ends the program with one line,
+`parallax_tf: error: <message>`, on stderr and exit status 2; --verbose or PARALLAX_TRACEBACK=1
+shows the traceback as well. Any other exception keeps its traceback, and one raised inside the
+toolkit says how to report it. Only the top level is affected (sys.excepthook): a run() called
+from a notebook or a test still raises."""
+from __future__ import annotations
+
+import os
+import sys
+
+from parallax_tf.runtime.launcher import USER_ERROR_PREFIX as PREFIX, USER_ERROR_STATUS
+_PACKAGES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), name)
+                  + os.sep for name in ("parallax_tf", "rewriters"))
+
+
+def wants_traceback(argv=None) -> bool:
+    argv = sys.argv if argv is None else argv
+    return os.environ.get("PARALLAX_TRACEBACK") == "1" or any(
+        a in ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True") for a in argv)
+
+
+def install() -> None:
+    if getattr(sys.excepthook, "_parallax", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        from parallax_tf.errors import UserError
+        if isinstance(value, UserError):
+            if wants_traceback():
+                previous(kind, value, tb)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os.write(2, (PREFIX + " ".join(str(value).split("\n")) + "\n").encode())
+            os._exit(USER_ERROR_STATUS)    # past Horovod's atexit shutdown, which would wait for peers
+        previous(kind, value, tb)
+        if _raised_inside(tb):
+            sys.stderr.write("parallax_tf: internal error: please report it with the traceback above and the output "
+                             "of `python -m parallax_tf check`\n")
+
+    hook._parallax = True
+    sys.excepthook = hook
+
+
+def _raised_inside(tb) -> bool:
+    """Whether the innermost frame outside installed libraries (TensorFlow, Horovod, ...) is the
+    toolkit's own code, not the user's."""
+    last = None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if "site-packages" not in name and "dist-packages" not in name and not name.startswith(sys.base_prefix):
+            last = name
+        tb = tb.tb_next
+    return last is not None and last.startswith(_PACKAGES)

@@ -1,0 +1,91 @@
+"""What a user sees on the command line: a quiet demo with rank 0's lines as they are, one line
+and exit status 2 for an error they caused (the traceback with --verbose), and the self-check."""
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+from tests import launch
+
+# what TensorFlow, absl, oneDNN, gRPC and Horovod print, and Horovod's own output prefixes
+NOISE = re.compile(r"absl::InitializeLog|oneDNN|cpu_feature_guard|port\.cc|^[IWEF]\d{4} |rebuild TensorFlow|"
+                   r"<stdout>|<stderr>|^\[\d+\]|^\[rank |^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] ")
+
+
+def _run(argv, env=None, timeout=240):
+    """A command as a user runs it: no TF_CPP_MIN_LOG_LEVEL, no launcher of the tests'."""
+    full = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    full.update(PYTHONPATH=launch.ROOT, **(env or {}))
+    return subprocess.run([launch.PYTHON, *argv], cwd=launch.ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def test_the_demo_prints_rank_0s_lines_and_nothing_else():
+    proc = _run(["-m", "models.lm", "--np", "2", "--strategy", "hybrid", "--steps", "6", "--log_every", "3"])
+    assert proc.returncode == 0, launch.tail(proc)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert [line for line in lines if NOISE.search(line)] == []
+    assert lines[0].split()[:3] == ["variable", "shape", "MB"]
+    assert [line.split()[1] for line in lines if line.startswith("step ")] == ["3/6", "6/6"]
+    assert sum(line.startswith("done: 6 steps (global step 6)") for line in lines) == 1
+    assert proc.stderr == ""
+
+
+USER_ERRORS = {
+    "config": (["-m", "models.lm", "--np", "0"], "--np must be at least 1, got 0"),
+    "config_ranks": (["-m", "models.lm", "--np", "2", "--steps", "-1"], "--steps must be >= 0, got -1"),
+    "input_ranks": (["tests/jobs/bad_input_job.py", "--case=missing_placeholder", "--np=2"],
+                    "input_fn did not provide placeholder(s) ['labels']; it returned keys ['ids']"),
+    "model": (["tests/jobs/bad_input_job.py", "--case=sign_of_sparse_gradient", "--steps=2"],
+              "gradient transform op 'Sign' (Sign) changes the rows of sparse PS variable 'emb'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_a_user_error_ends_with_one_line_and_status_2(case):
+    argv, message = USER_ERRORS[case]
+    proc = _run(argv)
+    assert proc.returncode == 2, launch.tail(proc)
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(f"parallax_tf: error: {message}"), \
+        launch.tail(proc)
+    assert "Traceback" not in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["--verbose", "PARALLAX_TRACEBACK=1"])
+def test_verbose_shows_the_traceback_above_the_line(how):
+    argv, env = (["-m", "models.lm", "--np", "0", "--verbose"], None) if how == "--verbose" else \
+        (["-m", "models.lm", "--np", "0"], {"PARALLAX_TRACEBACK": "1"})
+    proc = _run(argv, env)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert "Traceback (most recent call last):" in lines
+    assert "parallax_tf.errors.ConfigError: --np must be at least 1, got 0" in lines
+    assert lines[-1] == "parallax_tf: error: --np must be at least 1, got 0"
+
+
+def test_check_passes_here_and_names_what_is_missing():
+    proc = _run(["-m", "parallax_tf", "check"])
+    assert proc.returncode == 0, launch.tail(proc)
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "ok" and proc.stderr == ""
+    found = {line.split("  ")[0]: line for line in lines}
+    assert {"tensorflow", "horovod", "horovod controllers", "compiled ops", "bind shim", "gpus (tensorflow)",
+            "two ranks"} <= set(found)
+    assert "gloo" in found["horovod controllers"] and "allreduce and a PS round trip" in found["two ranks"]
+    with tempfile.TemporaryDirectory() as empty:
+        proc = _run(["-m", "parallax_tf", "check", f"--ops_dir={empty}", "--no_ranks"])
+    assert proc.returncode == 1
+    broken = [line for line in proc.stdout.splitlines() if line.startswith("broken: ")]
+    assert len(broken) == 2 and proc.stdout.splitlines()[-2:] == broken
+    assert broken[0].startswith(f"broken: the compiled ops are not built (no _parallax_ops*.so in {empty}): run "
+                                "`make setup`")
+    assert broken[1].startswith(f"broken: the bind shim is not built (no _bindshim*.so in {empty})")
+
+
+def test_a_call_from_python_still_raises():
+    code = ("import parallax_tf as ptf\ntry:\n    ptf.run(lambda ctx: None, np=0)\nexcept ptf.ConfigError as err:\n"
+            "    print('raised', err)\n")
+    proc = _run(["-c", code])
+    assert proc.returncode == 0 and proc.stdout == "raised --np must be at least 1, got 0\n", launch.tail(proc)
