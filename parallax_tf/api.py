@@ -46,7 +46,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if opts.plan_only:
         return _plan_only(model_fn, input_fn, opts)
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
-        sys.exit(launch.launch_local(opts.np, opts.verbose))
+        sys.exit(launch.launch_local(opts.np, opts.verbose, launch.restarts_of(opts.max_restarts, opts.ckpt_dir),
+                                     opts.ckpt_dir))
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")

@@ -33,6 +33,8 @@ flags.DEFINE_string("ckpt_dir", None, "Write checkpoints here and resume from th
 flags.DEFINE_integer("ckpt_every", 0, "Checkpoint every this many steps (0: only by time/at the end).")
 flags.DEFINE_float("ckpt_secs", 0, "Checkpoint at most this many seconds apart (0: off).")
 flags.DEFINE_integer("ckpt_keep", 3, "Checkpoints kept; older ones are deleted.")
+flags.DEFINE_integer("max_restarts", None, "Under --np: when a rank dies, stop every rank and start the job again from "
+                     "the latest checkpoint, up to this many times (default: 3 with --ckpt_dir, else 0).")
 flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
 # Not `--timeline`: horovodrun's argparse takes any prefix of its own --timeline-filename from
 # the script's arguments too, so that name cannot reach the ranks.
@@ -72,6 +74,7 @@ class Options:
     ckpt_every: int
     ckpt_secs: float
     ckpt_keep: int
+    max_restarts: Optional[int]
     logdir: Optional[str]
     timeline_file: Optional[str]
     timeline_steps: list
@@ -132,6 +135,9 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--timeline_steps takes step numbers, got {options.timeline_steps}") from None
     if options.ckpt_every < 0 or options.ckpt_secs < 0 or options.ckpt_keep < 1:
         raise ConfigError("--ckpt_every and --ckpt_secs must be >= 0 and --ckpt_keep >= 1")
+    if options.max_restarts is not None and (options.max_restarts < 0 or options.max_restarts and not options.ckpt_dir):
+        raise ConfigError(f"--max_restarts={options.max_restarts}: give a count >= 0, and --ckpt_dir for the "
+                          "checkpoints a restart resumes from")
     pool_threads.parse(options.threads)         # a clear error now, not once the cluster is up
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")

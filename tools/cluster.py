@@ -33,11 +33,13 @@ FLAGS = flags.FLAGS
 
 def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str = "100mbit",
         delay: str = "1ms", env: Optional[dict] = None, on_ready=None, timeout_s: float = 0,
-        host_cpus: str = "auto", slow_hosts: str = "", cpu_usage: Optional[Dict[int, float]] = None) -> int:
+        host_cpus: str = "auto", slow_hosts: str = "", cpu_usage: Optional[Dict[int, float]] = None,
+        max_restarts: int = 0, ckpt_dir: Optional[str] = None) -> int:
     """Runs `command` on hosts x ranks_per_host ranks; returns the job's exit status.
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
-    receives the CPU seconds each host used."""
+    receives the CPU seconds each host used. `max_restarts`: when a rank dies, the job starts
+    again on the same hosts and resumes from the latest checkpoint in `ckpt_dir`."""
     from parallax_tf import threads as pool_threads
     from parallax_tf.runtime import bind, launcher, quiet
     env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
@@ -47,7 +49,8 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
         print(f"tools.cluster: emulated hosts need root and iproute2 (uid {os.geteuid()}); falling back "
               f"to plain loopback: {n} ranks on this host, no bandwidth limit, no CPU quota",
               file=sys.stderr, flush=True)
-        return launcher.run(command, f"localhost:{n}", n, env, {"lo"}, "127.0.0.1", timeout_s=timeout_s)
+        return launcher.run_restarting(command, f"localhost:{n}", n, env, {"lo"}, "127.0.0.1", max_restarts, ckpt_dir,
+                                       timeout_s=timeout_s)
     if shares and not cpu_quota.available():
         print("tools.cluster: no cgroup v1 cpu/cpuacct hierarchy here; hosts share every core (no CPU quota)",
               file=sys.stderr, flush=True)
@@ -81,8 +84,9 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
                     f"env {pool_threads.HOST_CPUS_ENV}={shares[host]:g} {cmd}")
 
         spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
-        status = launcher.run(command, spec, hosts * ranks_per_host, emulated, {"eth0"}, netns.LAUNCHER_ADDRESS,
-                              wrap=on_host, timeout_s=timeout_s)
+        status = launcher.run_restarting(command, spec, hosts * ranks_per_host, emulated, {"eth0"},
+                                         netns.LAUNCHER_ADDRESS, max_restarts, ckpt_dir, wrap=on_host,
+                                         timeout_s=timeout_s)
         if shares:
             used = cpu_quota.usage_s()
             if cpu_usage is not None:
@@ -100,9 +104,15 @@ def main(argv):
     if len(argv) < 2:
         raise app.UsageError("give the command after --, e.g. python -m tools.cluster --hosts 2 -- "
                              "python -m models.mlp --steps 10")
+    from parallax_tf.runtime import launch
+    command = argv[1:]
+    # the job's own --max_restarts and --ckpt_dir decide, as under parallax_tf's local launcher
+    restarts, ckpt_dir = launch.flag_value(command, "max_restarts"), launch.flag_value(command, "ckpt_dir")
     try:
-        status = run(argv[1:], FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth, FLAGS.delay,
-                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts)
+        status = run(command, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth, FLAGS.delay,
+                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts, ckpt_dir=ckpt_dir,
+                     max_restarts=launch.restarts_of(int(restarts) if restarts and restarts.isdigit() else None,
+                                                     ckpt_dir))
     except ValueError as err:
         raise app.UsageError(str(err))
     sys.exit(status)

@@ -11,15 +11,34 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Optional
 
 from parallax_tf.runtime import bind, quiet
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+DEFAULT_RESTARTS = 3      # --max_restarts when the job checkpoints (--ckpt_dir); 0 otherwise
 
 
 def under_launcher() -> bool:
     return any(k in os.environ for k in LAUNCHER_ENV)
+
+
+def restarts_of(max_restarts: Optional[int], ckpt_dir: Optional[str]) -> int:
+    """--max_restarts, whose default is DEFAULT_RESTARTS where there are checkpoints to resume from."""
+    return max_restarts if max_restarts is not None else (DEFAULT_RESTARTS if ckpt_dir else 0)
+
+
+def flag_value(args, name: str) -> Optional[str]:
+    """The value of --name in a command line (absl's --name=V or --name V), None if absent."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        key, eq, value = arg.partition("=")
+        if key in (f"--{name}", f"-{name}"):
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return found
 
 
 def requested_ranks(args) -> int:
@@ -50,14 +69,19 @@ def launch_if_asked(argv) -> None:
         return                         # python -c, a notebook: run() launches as before
     count = requested_ranks(argv[1:])
     if count > 1:
-        sys.exit(launch_local(count, any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)))
+        restarts = flag_value(argv[1:], "max_restarts")
+        ckpt_dir = flag_value(argv[1:], "ckpt_dir")
+        restarts = restarts_of(int(restarts) if restarts and restarts.isdigit() else None, ckpt_dir)
+        sys.exit(launch_local(count, any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv),
+                              restarts, ckpt_dir))
 
 
-def launch_local(num_ranks: int, verbose: bool = False) -> int:
+def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, ckpt_dir: Optional[str] = None) -> int:
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
     argv = list(sys.orig_argv[1:])
     # run by path: see launcher.py for why it must not be started with -m
-    command = [sys.executable, LAUNCHER, "--np", str(num_ranks)] + (["--verbose"] if verbose else []) + \
+    command = [sys.executable, LAUNCHER, "--np", str(num_ranks), "--max_restarts", str(max_restarts)] + \
+        (["--ckpt_dir", ckpt_dir] if ckpt_dir else []) + (["--verbose"] if verbose else []) + \
         ["--", sys.executable, *argv]
     env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)

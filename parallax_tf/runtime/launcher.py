@@ -117,11 +117,13 @@ def _expendable(job_dir: str) -> dict:
 
 
 def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
-        wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False) -> int:
+        wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False,
+        failure: Optional[dict] = None) -> int:
     """Runs `command` as `num_proc` ranks on `hosts` (Horovod's "h1:2,h2:2" syntax) and returns
     the job's status: the first failure of a rank the job could not lose, else 0. `wrap(cmd,
     slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace);
-    `verbose`: the ranks' log lines are not filtered."""
+    `verbose`: the ranks' log lines are not filtered; `failure` is filled with the rank that
+    ended the job, its host, its status and whether it reported a user error."""
     from horovod.runner import gloo_run
     from horovod.runner.common.util import safe_shell_exec
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
@@ -170,6 +172,9 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
                   "stopping the other ranks", file=sys.stderr, flush=True)
         with lock:
             failures.insert(0, code)
+            if failure is not None and not failure:
+                failure.update(rank=rank, host=slot_info.hostname, status=code,
+                               user_error=code == USER_ERROR_STATUS and rank in output.user_error_ranks)
         stop_all.set()
         return 0, 0.0
 
@@ -193,17 +198,49 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     return failures[0] if failures else 0
 
 
+def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
+                   max_restarts: int = 0, ckpt_dir: Optional[str] = None, **options) -> int:
+    """run(), and when a rank dies (not of a user error) every rank is stopped and the job starts
+    again on the same hosts, up to `max_restarts` times: it resumes from the latest checkpoint in
+    `ckpt_dir`. Returns the last run's status."""
+    restarts = []
+    while True:
+        failure: dict = {}
+        status = run(command, hosts, num_proc, env, nics, server_ip, failure=failure, **options)
+        if status == 0 or not failure or failure["user_error"] or len(restarts) >= max_restarts:
+            break
+        resume = latest_checkpoint_step(ckpt_dir)
+        restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step {resume}")
+        print(f"parallax_tf launcher: restart {len(restarts)} of {max_restarts}: every rank starts again and "
+              f"resumes from the latest checkpoint (step {resume})", file=sys.stderr, flush=True)
+    if restarts:
+        print(f"parallax_tf launcher: {len(restarts)} restart(s): " + "; ".join(restarts), file=sys.stderr, flush=True)
+    return status
+
+
+def latest_checkpoint_step(ckpt_dir: Optional[str]) -> int:
+    """The step of the newest complete checkpoint (parallax_tf.checkpoint's step-N folders); 0 if none."""
+    try:
+        names = os.listdir(ckpt_dir) if ckpt_dir else []
+    except OSError:
+        names = []
+    steps = [int(m.group(1)) for m in map(re.compile(r"^step-(\d+)$").match, names) if m]
+    return max(steps, default=0)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, required=True, help="ranks on this host")
     parser.add_argument("--verbose", action="store_true", help="keep the ranks' log lines")
+    parser.add_argument("--max_restarts", type=int, default=0, help="restarts after a rank dies")
+    parser.add_argument("--ckpt_dir", default=None, help="where the job checkpoints (for the restart summary)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the rank's command after --")
-    return run(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1",
-               verbose=args.verbose)
+    return run_restarting(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1",
+                          args.max_restarts, args.ckpt_dir, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) 
 flags.DEFINE_integer("die_rank", 1, "which rank (global) --die_at_step kills")
 flags.DEFINE_integer("die_trigger_rank", None, "whose step counts (its ctx.rank; default --die_rank): a rank that "
                      "reads no data (a Stanza FC node) dies when another rank reaches the step")
+flags.DEFINE_bool("die_once", False, "--die_at_step kills only if --out has no died_at stamp yet (a restarted job "
+                  "goes on)")
 FLAGS = flags.FLAGS
 
 
@@ -38,11 +40,12 @@ def main(argv):
     inner = cases.input_fn_for(model)
     stamp = os.path.join(FLAGS.out or ".", "died_at")
     trigger = FLAGS.die_rank if FLAGS.die_trigger_rank is None else FLAGS.die_trigger_rank
-    if FLAGS.die_at_step >= 0 and _rank() == FLAGS.die_rank and trigger != FLAGS.die_rank:
+    once = FLAGS.die_once and os.path.exists(stamp)     # a restarted job: the death already happened
+    if FLAGS.die_at_step >= 0 and _rank() == FLAGS.die_rank and trigger != FLAGS.die_rank and not once:
         threading.Thread(target=_die_when_stamped, args=(stamp,), daemon=True).start()
 
     def input_fn(ctx):
-        if ctx.rank == trigger and ctx.step == FLAGS.die_at_step:
+        if ctx.rank == trigger and ctx.step == FLAGS.die_at_step and not once:
             with open(stamp, "w") as out:
                 out.write(repr(time.time()))
             if _rank() == FLAGS.die_rank:

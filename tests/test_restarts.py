@@ -1,0 +1,97 @@
+"""A rank killed mid-training under --np with --max_restarts: the launcher stops every rank and
+starts the job again from the latest checkpoint, which then ends exactly where an uninterrupted
+run ends; past --max_restarts the job stops as it always did."""
+import os
+import re
+import tempfile
+
+import numpy as np
+import pytest
+
+from tests import cases, launch, reference
+
+STEPS, DIE_AT, EVERY = 10, 5, 2
+
+
+def _run(case: str, strategy: str, victim: int, extra=(), size: int = 3, trigger=None):
+    ckpt, out = tempfile.mkdtemp(prefix="ptf-restart-"), tempfile.mkdtemp(prefix="ptf-restart-")
+    argv = ["tests/jobs/train_case.py", f"--np={size}", f"--case={case}", f"--strategy={strategy}", f"--out={out}",
+            "--log_every=0", f"--steps={STEPS}", f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}",
+            f"--die_at_step={DIE_AT}", f"--die_rank={victim}", *extra]
+    if trigger is not None:
+        argv.append(f"--die_trigger_rank={trigger}")
+    return launch.run_ranks(1, argv, launcher="python", timeout=300), out
+
+
+@pytest.mark.parametrize("strategy,case,victim,trigger,data_ranks", [
+    ("hybrid", "mixed_adagrad", 0, None, 3),          # the rank whose process holds the PS state
+    ("hybrid", "mixed_adagrad", 2, None, 3),          # a worker only
+    ("allreduce", "mixed_adam", 1, None, 3),
+    ("stanza", "cnn_momentum", 2, 0, 2),              # the FC node (it reads no data: rank 0's step kills it)
+], ids=["hybrid_ps_host", "hybrid_worker", "allreduce", "stanza_fc_node"])
+def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly(strategy, case, victim, trigger, data_ranks):
+    proc, out = _run(case, strategy, victim, ["--max_restarts=1", "--die_once"], trigger=trigger)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, launch.tail(proc)
+    assert f"rank {victim} on localhost exited with status 137; stopping the other ranks" in output
+    resumed = DIE_AT - DIE_AT % EVERY       # the last checkpoint before the death
+    assert f"restart 1 of 1: every rank starts again and resumes from the latest checkpoint (step {resumed})" \
+        in output, launch.tail(proc)
+    assert f"1 restart(s): rank {victim} exited with status 137, resumed at step {resumed}" in output
+    _, model, optimizer, _ = cases.CASE_BY_NAME[case]
+    want = reference.train_single_device(model, optimizer, data_ranks, steps=STEPS)
+    tolerance = 1e-4 if optimizer.endswith("adam") else 1e-5
+    for rank in range(3):
+        got = np.load(os.path.join(out, f"{case}.rank{rank}.npz"))
+        assert int(got["global_step"]) == STEPS and int(got["start_step"]) == resumed
+        for name, value in want.items():
+            assert reference.relative_error(got[f"var:{name}"], value) <= tolerance, (rank, name)
+
+
+def test_without_restarts_a_lost_rank_ends_the_job():
+    proc, out = _run("mixed_sgd", "hybrid", 2, ["--max_restarts=0"])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 137, launch.tail(proc)
+    assert "rank 2 on localhost exited with status 137; stopping the other ranks" in output
+    assert "parallax_tf launcher: restart" not in output and "restart(s)" not in output
+    assert re.search(r"parallax_tf rank [01]: .*lost: rank 2 \(", output), launch.tail(proc)
+
+
+def test_a_death_beyond_max_restarts_ends_the_job():
+    proc, out = _run("mixed_sgd", "hybrid", 2, ["--max_restarts=1"])       # dies every time it gets there
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 137, launch.tail(proc)
+    assert output.count("rank 2 on localhost exited with status 137; stopping the other ranks") == 2
+    assert "restart 1 of 1" in output and "restart 2" not in output
+    assert "1 restart(s): rank 2 exited with status 137, resumed at step 4" in output
+    assert not [f for f in os.listdir(out) if f.endswith(".npz")]
+
+
+def test_restarts_need_checkpoints():
+    import parallax_tf as ptf
+    from parallax_tf import flags as ptf_flags
+    with pytest.raises(ptf.ConfigError, match=r"--max_restarts=2: give a count >= 0, and --ckpt_dir"):
+        ptf_flags.resolve(max_restarts=2)
+    assert ptf_flags.resolve(max_restarts=0).max_restarts == 0
+
+
+def test_two_emulated_hosts_restart_on_the_same_hosts():
+    """tools.cluster's launcher restarts the job on the same host list (rank 1 is host 1's first
+    rank: the PS state of its host dies with it)."""
+    import subprocess
+    import sys
+    ckpt, out = tempfile.mkdtemp(prefix="ptf-restart-"), tempfile.mkdtemp(prefix="ptf-restart-")
+    command = [sys.executable, "tests/jobs/train_case.py", "--case=mixed_adagrad", f"--out={out}", "--log_every=0",
+               f"--steps={STEPS}", f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}", f"--die_at_step={DIE_AT}",
+               "--die_rank=1", "--die_once", "--max_restarts=1"]
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", *command], cwd=launch.ROOT,
+                          capture_output=True, text=True, timeout=400, start_new_session=True,
+                          env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, launch.tail(proc)
+    assert "1 restart(s): rank 1 exited with status 137, resumed at step 4" in output, launch.tail(proc)
+    want = reference.train_single_device("mixed", "adagrad", 2, steps=STEPS)
+    got = np.load(os.path.join(out, "mixed_adagrad.rank0.npz"))
+    assert int(got["global_step"]) == STEPS and int(got["start_step"]) == 4
+    for name, value in want.items():
+        assert reference.relative_error(got[f"var:{name}"], value) <= 1e-5, name
