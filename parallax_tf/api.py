@@ -48,6 +48,9 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.verbose, launch.restarts_of(opts.max_restarts, opts.ckpt_dir),
                                      opts.ckpt_dir))
+    if opts.commit_every and not os.environ.get(launcher.COMMIT_DIR_ENV):
+        raise ConfigError(f"--commit_every={opts.commit_every}: in-memory commits need parallax_tf's launcher "
+                          "(--np N, or tools.cluster), which keeps them across restarts")
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
@@ -89,11 +92,12 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     graph.finalize()
     phases["graph"] = time.time()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
-    start_values = _start_values(store, captured, state_io) if topo.is_chief else {}
+    commits = CheckpointStore(os.environ[launcher.COMMIT_DIR_ENV], 1) if opts.commit_every else None
+    start_values = _start_values([store, commits], captured, state_io) if topo.is_chief else {}
     remote = session.remote_tasks(graph, topo.rank)
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, remote,
                                 in_process=session.alone(remote, topo.rank, topo.size))
-    hooks, checkpointer = _hooks(opts, topo, store, state_io, sess)
+    hooks, checkpointer, committer = _hooks(opts, topo, store, commits, state_io, sess)
     hooks += user_hooks
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
@@ -107,7 +111,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
         phases["session"] = time.time()
         if topo.is_chief and start:
-            print(f"resumed from {store.latest()} at step {start}", flush=True)
+            print(f"resumed from {_newest([store, commits])} at step {start}", flush=True)
         for hook in hooks:
             hook.begin(start)
         StepStats.profile_threads_from = opts.profile_threads_from
@@ -148,6 +152,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
                 tf.compat.v1.Session.reset(cluster.target, [run_id])
     phases["results"] = time.time()
     stats.extras["phases"] = phases
+    for name, saver in (("checkpoint", checkpointer), ("commit", committer)):
+        if saver is not None and saver.store is not None and saver.seconds:
+            stats.extras[f"{name}_ms"] = [round(s * 1000, 2) for s in saver.seconds]
+            stats.extras[f"{name}_bytes"] = saver.bytes
     result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
                     wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
                     bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
@@ -184,9 +192,17 @@ def _owners(plan, keys) -> dict:
     return owners
 
 
-def _start_values(store, captured, state_io):
-    """Rank 0's starting point: the latest checkpoint if there is one, else single-device init."""
-    path = store.latest() if store else None
+def _newest(stores) -> Optional[str]:
+    """The newest checkpoint of several stores (a disk checkpoint, an in-memory commit), by step."""
+    paths = [s.latest() for s in stores if s is not None]
+    paths = [p for p in paths if p]
+    return max(paths, key=lambda p: int(os.path.basename(os.path.dirname(p)).split("-")[-1]), default=None)
+
+
+def _start_values(stores, captured, state_io):
+    """Rank 0's starting point: the newest checkpoint or commit if there is one, else
+    single-device init."""
+    path = _newest(stores)
     if path is None:
         return captured.initial_values
     values, _ = CheckpointStore.load(path)
@@ -197,21 +213,25 @@ def _start_values(store, captured, state_io):
     return {key: values[key] for key in state_io.entries}
 
 
-def _hooks(opts, topo, store, state_io, sess):
-    """Rank 0 watches and writes; every rank takes part in checkpoints when reading the state
-    is collective (state averaged over ranks)."""
-    hooks, checkpointer = [], None
+def _hooks(opts, topo, store, commits, state_io, sess):
+    """Rank 0 watches and writes; every rank takes part in checkpoints and commits when reading
+    the state is collective (state averaged over ranks)."""
+    hooks, checkpointer, committer = [], None, None
     if store is not None and (topo.is_chief or state_io.collective):
         checkpointer = Checkpointer(store if topo.is_chief else None, lambda: state_io.read(sess),
                                     opts.ckpt_every, opts.ckpt_secs)
         hooks.append(checkpointer)
+    if commits is not None and (topo.is_chief or state_io.collective):
+        committer = Checkpointer(commits if topo.is_chief else None, lambda: state_io.read(sess),
+                                 opts.commit_every, 0, at_end=False)
+        hooks.append(committer)
     if not topo.is_chief:
-        return hooks, checkpointer
+        return hooks, checkpointer, committer
     if opts.log_every:
         hooks.append(Progress(opts.steps, opts.log_every))
     if opts.logdir:
         hooks.append(Summaries(opts.logdir))
-    return hooks, checkpointer
+    return hooks, checkpointer, committer
 
 
 def _agree_on_plan(captured, opts, topo, cluster) -> Plan:

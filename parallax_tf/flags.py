@@ -33,6 +33,9 @@ flags.DEFINE_string("ckpt_dir", None, "Write checkpoints here and resume from th
 flags.DEFINE_integer("ckpt_every", 0, "Checkpoint every this many steps (0: only by time/at the end).")
 flags.DEFINE_float("ckpt_secs", 0, "Checkpoint at most this many seconds apart (0: off).")
 flags.DEFINE_integer("ckpt_keep", 3, "Checkpoints kept; older ones are deleted.")
+flags.DEFINE_integer("commit_every", 0, "Under parallax_tf's launcher: every this many steps, rank 0 also keeps the "
+                     "state a restart needs in memory (its host's /dev/shm, kept by the launcher across restarts), "
+                     "so a restart resumes from there unless rank 0's host was lost (0: off).")
 flags.DEFINE_integer("max_restarts", None, "Under --np: when a rank dies, stop every rank and start the job again from "
                      "the latest checkpoint, up to this many times (default: 3 with --ckpt_dir, else 0).")
 flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
@@ -75,6 +78,7 @@ class Options:
     ckpt_secs: float
     ckpt_keep: int
     max_restarts: Optional[int]
+    commit_every: int
     logdir: Optional[str]
     timeline_file: Optional[str]
     timeline_steps: list
@@ -97,6 +101,8 @@ def define_strategy_flag() -> None:
     if "strategy" not in FLAGS:
         flags.DEFINE_enum("strategy", strategy_lib.names()[0], list(strategy_lib.names()),
                           "How variables are synchronised (README: choosing a strategy).")
+
+
 
 
 # Where the cost model's cluster comes from when its flags are not given: an emulated cluster
@@ -135,6 +141,8 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--timeline_steps takes step numbers, got {options.timeline_steps}") from None
     if options.ckpt_every < 0 or options.ckpt_secs < 0 or options.ckpt_keep < 1:
         raise ConfigError("--ckpt_every and --ckpt_secs must be >= 0 and --ckpt_keep >= 1")
+    if options.commit_every < 0:
+        raise ConfigError(f"--commit_every must be >= 0, got {options.commit_every}")
     if options.max_restarts is not None and (options.max_restarts < 0 or options.max_restarts and not options.ckpt_dir):
         raise ConfigError(f"--max_restarts={options.max_restarts}: give a count >= 0, and --ckpt_dir for the "
                           "checkpoints a restart resumes from")

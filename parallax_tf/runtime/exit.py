@@ -11,14 +11,14 @@ import os
 import sys
 
 from parallax_tf.runtime.launcher import USER_ERROR_PREFIX as PREFIX, USER_ERROR_STATUS
+from parallax_tf.runtime.quiet import verbose_in
+
 _PACKAGES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), name)
                   + os.sep for name in ("parallax_tf", "rewriters"))
 
 
-def wants_traceback(argv=None) -> bool:
-    argv = sys.argv if argv is None else argv
-    return os.environ.get("PARALLAX_TRACEBACK") == "1" or any(
-        a in ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True") for a in argv)
+def wants_traceback() -> bool:
+    return os.environ.get("PARALLAX_TRACEBACK") == "1" or verbose_in(sys.argv)
 
 
 def install() -> None:

@@ -126,12 +126,15 @@ class Checkpointer(Hook):
     Checkpointer (store None) and reads at the same steps: by step count, or when rank 0's
     clock asked for one through the step's collective report."""
 
-    def __init__(self, store: Optional[CheckpointStore], read_state, every: int, secs: float):
+    def __init__(self, store: Optional[CheckpointStore], read_state, every: int, secs: float,
+                 at_end: bool = True):
         self.store, self.read_state = store, read_state
-        self.every, self.secs = every, secs
+        self.every, self.secs, self.at_end = every, secs, at_end
         self.last_time = time.monotonic()
         self.last_step: Optional[int] = None
         self.last_path: Optional[str] = store.latest() if store else None
+        self.seconds: List[float] = []      # per save: reading the state and writing it
+        self.bytes = 0                      # of the last save's values
 
     def request(self, step):
         return 1.0 if self.store and self.secs and time.monotonic() - self.last_time >= self.secs else 0.0
@@ -148,13 +151,17 @@ class Checkpointer(Hook):
     def save(self, step: int) -> None:
         if step == self.last_step:
             return
+        began = time.perf_counter()
         values = self.read_state()
         if self.store is not None:
             self.last_path = self.store.save(values, step)
+            self.bytes = sum(np.asarray(v).nbytes for v in values.values())
+        self.seconds.append(time.perf_counter() - began)
         self.last_step, self.last_time = step, time.monotonic()
 
     def end(self, step):
-        self.save(step)
+        if self.at_end:
+            self.save(step)
 
 
 class Summaries(Hook):

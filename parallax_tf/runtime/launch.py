@@ -44,19 +44,17 @@ def flag_value(args, name: str) -> Optional[str]:
 def requested_ranks(args) -> int:
     """--np N of a command line that trains (not --plan_only); 0 when it asks for no ranks or
     says it unclearly (absl then parses it and the run says what is wrong)."""
-    count, plan_only = 0, False
-    for i, arg in enumerate(args):
+    count = flag_value(args, "np") or ""
+    plan_only = False
+    for arg in args:
         if arg == "--":
             break
         name, eq, value = arg.partition("=")
-        if name in ("--np", "-np"):
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            count = int(value) if value.isdigit() else 0
-        elif name in ("--plan_only", "-plan_only"):
+        if name in ("--plan_only", "-plan_only"):
             plan_only = not eq or value.lower() in ("true", "1")
         elif name in ("--noplan_only", "-noplan_only"):
             plan_only = False
-    return 0 if plan_only else count
+    return 0 if plan_only or not count.isdigit() else int(count)
 
 
 def launch_if_asked(argv) -> None:
@@ -72,8 +70,7 @@ def launch_if_asked(argv) -> None:
         restarts = flag_value(argv[1:], "max_restarts")
         ckpt_dir = flag_value(argv[1:], "ckpt_dir")
         restarts = restarts_of(int(restarts) if restarts and restarts.isdigit() else None, ckpt_dir)
-        sys.exit(launch_local(count, any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv),
-                              restarts, ckpt_dir))
+        sys.exit(launch_local(count, quiet.verbose_in(argv), restarts, ckpt_dir))
 
 
 def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, ckpt_dir: Optional[str] = None) -> int:

@@ -30,6 +30,7 @@ import types
 from typing import Callable, List, Optional
 
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
+COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commits (parallax_tf.api)
 EXPENDABLE_FILE = "expendable.json"
 USER_ERROR_PREFIX = "parallax_tf: error: "    # a rank's one-line end on a user error (runtime/exit.py)
 USER_ERROR_STATUS = 2
@@ -204,15 +205,21 @@ def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nic
     again on the same hosts, up to `max_restarts` times: it resumes from the latest checkpoint in
     `ckpt_dir`. Returns the last run's status."""
     restarts = []
-    while True:
-        failure: dict = {}
-        status = run(command, hosts, num_proc, env, nics, server_ip, failure=failure, **options)
-        if status == 0 or not failure or failure["user_error"] or len(restarts) >= max_restarts:
-            break
-        resume = latest_checkpoint_step(ckpt_dir)
-        restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step {resume}")
-        print(f"parallax_tf launcher: restart {len(restarts)} of {max_restarts}: every rank starts again and "
-              f"resumes from the latest checkpoint (step {resume})", file=sys.stderr, flush=True)
+    # in-memory commits (--commit_every) outlive the ranks here, in memory where there is a tmpfs
+    commits = tempfile.mkdtemp(prefix="parallax-commits-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    env = dict(env, **{COMMIT_DIR_ENV: commits})
+    try:
+        while True:
+            failure: dict = {}
+            status = run(command, hosts, num_proc, env, nics, server_ip, failure=failure, **options)
+            if status == 0 or not failure or failure["user_error"] or len(restarts) >= max_restarts:
+                break
+            resume = max(latest_checkpoint_step(ckpt_dir), latest_checkpoint_step(commits))
+            restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step {resume}")
+            print(f"parallax_tf launcher: restart {len(restarts)} of {max_restarts}: every rank starts again and "
+                  f"resumes from the latest checkpoint (step {resume})", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(commits, ignore_errors=True)
     if restarts:
         print(f"parallax_tf launcher: {len(restarts)} restart(s): " + "; ".join(restarts), file=sys.stderr, flush=True)
     return status

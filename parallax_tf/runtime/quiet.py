@@ -44,7 +44,7 @@ def apply(verbose: bool) -> None:
 
 def prefer_quiet_tensorflow(argv) -> None:
     """Before TensorFlow is imported: keep its C++ info lines (oneDNN...) out unless --verbose."""
-    if not _verbose(argv):
+    if not verbose_in(argv):
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
 
@@ -53,7 +53,7 @@ def prefer_quiet_tensorflow(argv) -> None:
 def tensorflow_import(argv):
     """Around the first import of TensorFlow: this process's stderr (file descriptor 2) goes to a
     file, and what is not a start-up notice is written back afterwards, in order."""
-    if _verbose(argv) or "tensorflow" in sys.modules:
+    if verbose_in(argv) or "tensorflow" in sys.modules:
         yield
         return
     sys.stderr.flush()
@@ -73,5 +73,6 @@ def tensorflow_import(argv):
                 os.write(2, "".join(kept).encode())
 
 
-def _verbose(argv) -> bool:
+def verbose_in(argv) -> bool:
+    """Whether a command line asks for --verbose (read before absl parses it)."""
     return any(a in ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True") for a in argv)
