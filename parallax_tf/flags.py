@@ -103,8 +103,6 @@ def define_strategy_flag() -> None:
                           "How variables are synchronised (README: choosing a strategy).")
 
 
-
-
 # Where the cost model's cluster comes from when its flags are not given: an emulated cluster
 # (tools/cluster.py) sets these for the ranks it starts.
 ENVIRONMENT_DEFAULTS = {"link_bandwidth": "PARALLAX_LINK_BANDWIDTH", "link_delay": "PARALLAX_LINK_DELAY",

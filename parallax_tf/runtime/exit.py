@@ -2,15 +2,16 @@
 
 An uncaught UserError (ConfigError, ModelError, InputError) ends the program with one line,
 `parallax_tf: error: <message>`, on stderr and exit status 2; --verbose or PARALLAX_TRACEBACK=1
-shows the traceback as well. Any other exception keeps its traceback, and one raised inside the
-toolkit says how to report it. Only the top level is affected (sys.excepthook): a run() called
+shows the traceback as well. A Diverged run ends with its traceback and status 3 (a restart
+would diverge again). Any other exception keeps its traceback, and one raised inside the
+toolkit's own code, not a lost peer's ClusterError, says how to report it. Only the top level is affected (sys.excepthook): a run() called
 from a notebook or a test still raises."""
 from __future__ import annotations
 
 import os
 import sys
 
-from parallax_tf.runtime.launcher import USER_ERROR_PREFIX as PREFIX, USER_ERROR_STATUS
+from parallax_tf.runtime.launcher import DIVERGED_STATUS, USER_ERROR_PREFIX as PREFIX, USER_ERROR_STATUS
 from parallax_tf.runtime.quiet import verbose_in
 
 _PACKAGES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), name)
@@ -27,24 +28,31 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        from parallax_tf.errors import UserError
+        from parallax_tf.errors import Diverged, ParallaxError, UserError
         if isinstance(value, UserError):
             if wants_traceback():
                 previous(kind, value, tb)
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
+            _flush()
             os.write(2, (PREFIX + " ".join(str(value).split("\n")) + "\n").encode())
             os._exit(USER_ERROR_STATUS)    # past Horovod's atexit shutdown, which would wait for peers
         previous(kind, value, tb)
-        if _raised_inside(tb):
+        if isinstance(value, Diverged):        # the same run diverges again: no restart
+            _flush()
+            os._exit(DIVERGED_STATUS)
+        if not isinstance(value, ParallaxError) and _raised_inside(tb):
             sys.stderr.write("parallax_tf: internal error: please report it with the traceback above and the output "
                              "of `python -m parallax_tf check`\n")
 
     hook._parallax = True
     sys.excepthook = hook
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _raised_inside(tb) -> bool:

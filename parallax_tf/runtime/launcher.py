@@ -34,12 +34,14 @@ COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commi
 EXPENDABLE_FILE = "expendable.json"
 USER_ERROR_PREFIX = "parallax_tf: error: "    # a rank's one-line end on a user error (runtime/exit.py)
 USER_ERROR_STATUS = 2
+DIVERGED_STATUS = 3      # a rank whose loss became NaN/Inf (runtime/exit.py): restarting would diverge again
 # Start-up notices and C++ log lines of TensorFlow, absl, oneDNN, gRPC and Horovod
 NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] "                          # absl / glog format
     r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] \S+:\d+\] "        # TF's and Horovod's own
-    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags")
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags"
+    r"|Additional GRPC error information from remote target |:?UNKNOWN:Error received from peer ")  # gRPC's, continued
 
 
 def is_noise(line: str) -> bool:
@@ -212,7 +214,8 @@ def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nic
         while True:
             failure: dict = {}
             status = run(command, hosts, num_proc, env, nics, server_ip, failure=failure, **options)
-            if status == 0 or not failure or failure["user_error"] or len(restarts) >= max_restarts:
+            if status == 0 or not failure or failure["user_error"] or failure["status"] == DIVERGED_STATUS \
+                    or len(restarts) >= max_restarts:
                 break
             resume = max(latest_checkpoint_step(ckpt_dir), latest_checkpoint_step(commits))
             restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step {resume}")
