@@ -89,3 +89,26 @@ def test_a_call_from_python_still_raises():
             "    print('raised', err)\n")
     proc = _run(["-c", code])
     assert proc.returncode == 0 and proc.stdout == "raised --np must be at least 1, got 0\n", launch.tail(proc)
+
+
+def test_a_deprecated_call_in_the_users_own_code_is_said_once():
+    """TensorFlow's notice about the user's own file shows, once although model_fn runs twice
+    (inspection, rewrite); its notices about its own code and the toolkit's do not."""
+    script = ("import sys\nimport numpy as np\nimport parallax_tf as ptf\nimport tensorflow as tf\n\n\n"
+              "def model_fn():\n"
+              "    x = tf.compat.v1.placeholder(tf.float32, [None], name='x')\n"
+              "    w = tf.compat.v1.get_variable('w', [1], initializer=tf.compat.v1.constant_initializer(0.5, "
+              "dtype=tf.float32))\n"
+              "    return ptf.Model(loss=tf.reduce_mean(x * w), optimizer=tf.compat.v1.train.AdagradOptimizer(0.1))\n\n\n"
+              "ptf.run(model_fn, lambda ctx: {'x': np.arange(4, dtype=np.float32)}, steps=2, log_every=0)\n"
+              "print('done')\n")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "train.py")
+        with open(path, "w") as f:
+            f.write(script)
+        proc = _run([path])
+    assert proc.returncode == 0 and proc.stdout == "done\n", launch.tail(proc)
+    notices = [line for line in proc.stderr.splitlines() if "is deprecated" in line]
+    assert notices == [f"WARNING:tensorflow:From {path}:9: calling Constant.__init__ (from "
+                       "tensorflow.python.ops.init_ops) with dtype is deprecated and will be removed in a future "
+                       "version."], proc.stderr       # Adagrad's own use of it, inside TensorFlow, is not said

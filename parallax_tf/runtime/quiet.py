@@ -5,12 +5,14 @@ side is quieted through the environment of the ranks the launcher starts (and of
 when parallax_tf is imported before TensorFlow). What TF's C++ side prints while it loads,
 before its log settings take effect (absl's pre-initialisation notice, oneDNN's), is held back
 during the import and dropped (tensorflow_import). The Python side (deprecation notices through
-TF's logger and `warnings`) is quieted here. Errors always show."""
+TF's logger and `warnings`) is quieted here, but for TensorFlow's notices that the user's own
+code calls a deprecated API, once each. Errors always show."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -27,11 +29,40 @@ def environment(env: dict, verbose: bool) -> dict:
     return {**QUIET_ENV, **env}
 
 
+class UserDeprecations(logging.Filter):
+    """Of TensorFlow's Python log records below ERROR, only its deprecation notices about the
+    user's own code pass ("From <their file>:<line>: ... is deprecated"), each once."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        message = record.getMessage()
+        where = re.match(r"From (.+?):\d+: ", message)
+        if not where or "is deprecated" not in message or not _user_file(where.group(1)) or message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def _user_file(path: str) -> bool:
+    """Not TensorFlow's, a library's or the toolkit's own."""
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return not ("site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix)
+                or path.startswith((os.path.join(ours, "parallax_tf"), os.path.join(ours, "rewriters"))))
+
+
 def apply(verbose: bool) -> None:
     if verbose:
         return
     import tensorflow as tf
-    tf.get_logger().setLevel(logging.ERROR)
+    logger = tf.get_logger()
+    logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, UserDeprecations) for f in logger.filters):
+        logger.addFilter(UserDeprecations())
     try:
         from absl import logging as absl_logging
         absl_logging.set_verbosity(absl_logging.ERROR)
