@@ -62,7 +62,8 @@ class JobOutput:
 class RankOutput:
     """One rank's stdout or stderr, written to `sink` as part of the job's one stream. From a
     traceback on, another rank's stderr is held until it exits (release): a rank that fails
-    because the job was already ending (a peer's user error or crash) adds nothing."""
+    because the job was already ending (a peer's crash) adds its error's last line, and nothing
+    after a peer's user error."""
 
     def __init__(self, rank: int, sink, job: JobOutput, holds: bool = False):
         self.rank, self.sink, self.job = rank, sink, job
@@ -93,9 +94,12 @@ class RankOutput:
         self.sink.flush()
 
     def release(self, job_was_ending: bool) -> None:
-        """The rank exited: what it held is shown unless the job was already ending."""
+        """The rank exited: what it held is shown; if the job was already ending, only its last
+        line (the error's message, e.g. which peer was lost), and nothing after a user error."""
         held, self.held = self.held or [], None
-        if held and not job_was_ending and not self.job.errors:
+        if job_was_ending:
+            held = held[-1:]
+        if held and not self.job.errors:
             self.sink.write("".join(held))
             self.sink.flush()
 
