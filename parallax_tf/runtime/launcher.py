@@ -39,7 +39,7 @@ DIVERGED_STATUS = 3      # a rank whose loss became NaN/Inf (runtime/exit.py): r
 NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] "                          # absl / glog format
-    r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] \S+:\d+\] "        # TF's and Horovod's own
+    r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.[\d ]+: [IWE] \S+:\d+\] "     # TF's and Horovod's own (unpadded us)
     r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags"
     r"|Additional GRPC error information from remote target |:?UNKNOWN:Error received from peer ")  # gRPC's, continued
 
@@ -74,6 +74,8 @@ class RankOutput:
         line = text.rstrip("\r\n")
         if not self.job.verbose and (is_noise(line) or line == "Terminated" and self.job.stopping.is_set()):
             return                      # (the shell's note on a rank this launcher stopped)
+        if self.holds and self.job.errors and not line.startswith(USER_ERROR_PREFIX):
+            return                      # a user error already said why the job ends
         if self.held is None and self.holds and line.startswith("Traceback (most recent call last)"):
             self.held = []
         if self.held is not None and not line.startswith(USER_ERROR_PREFIX):
