@@ -97,8 +97,9 @@ class Options:
 
 
 def define_strategy_flag() -> None:
-    """--strategy, once the strategies are registered (parallax_tf.api imports them)."""
-    if "strategy" not in FLAGS:
+    """--strategy, once the strategies are registered: rewriters calls this after registering them,
+    and so does parallax_tf.api (whichever of the two a program imports first)."""
+    if "strategy" not in FLAGS and strategy_lib.names():
         flags.DEFINE_enum("strategy", strategy_lib.names()[0], list(strategy_lib.names()),
                           "How variables are synchronised (README: choosing a strategy).")
 

@@ -5,7 +5,7 @@
   dsp/       pipeline stages with layer-wise staleness
   shared/    graph machinery every technique uses (rebuild, transform, pruning, copy, exchange)
 """
-from parallax_tf import strategy
+from parallax_tf import flags, strategy
 from rewriters.dsp import DSP
 from rewriters.parallax import AllReduce, Hybrid, PS
 from rewriters.parallax.auto import Auto
@@ -16,3 +16,4 @@ from rewriters.stanza import Stanza
 STRATEGIES = (Hybrid(), PS(), AllReduce(), Auto(), SlimDP(), PSPlus(), Stanza(), DSP())
 for _strategy in STRATEGIES:
     strategy.register(_strategy)
+flags.define_strategy_flag()

@@ -108,3 +108,15 @@ def test_each_strategy_is_one_package():
         assert strategy.get(each.name) is each
         for measure in each.measures:      # inspection's extra work comes from the techniques
             assert type(measure).__module__.split(".")[0] == "rewriters"
+
+
+def test_either_package_can_be_imported_first():
+    """parallax_tf and rewriters import each other (the registry): --strategy is defined whichever
+    a program imports first."""
+    import subprocess
+    import sys
+    for first in ("rewriters", "parallax_tf", "rewriters.ps_plus.runner"):
+        code = f"import {first}; from absl import flags; print(flags.FLAGS['strategy'].parser.enum_values)"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "'hybrid', 'ps', 'allreduce', 'auto', 'slim_dp', 'ps_plus', 'stanza', 'dsp'" in proc.stdout
