@@ -19,7 +19,7 @@ plan: $(STAMP)
 	$(PY) -m models.lm --plan_only --np 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q --durations=40 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
