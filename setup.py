@@ -19,7 +19,10 @@ setup(
     description="Distributed training for single-device tf.compat.v1 graphs (Parallax and kin)",
     packages=find_packages(include=["parallax_tf", "parallax_tf.*", "rewriters", "rewriters.*", "models", "tools"]),
     python_requires=">=3.10",
-    install_requires=["tensorflow-cpu==2.21.*", "absl-py", "numpy"],
+    # TensorFlow for the CPU or with CUDA: `pip install .[cpu]` or `.[gpu]` (tools/setup.sh picks
+    # by nvidia-smi, PARALLAX_DEVICE forces it); both provide the `tensorflow` module.
+    install_requires=["absl-py", "numpy"],
+    extras_require={"cpu": ["tensorflow-cpu==2.21.*"], "gpu": ["tensorflow[and-cuda]==2.21.*"]},
     # Native pieces. The bind shim is preloaded into ranks (not imported) so TF's servers listen
     # on the launcher's address only; see parallax_tf/runtime/bind.py.
     # The compiled ops: significance selection (Slim-DP), staleness-scaled async apply (PS+),

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import rewriters  # noqa: F401  (registers the techniques: the core reaches them only through parallax_tf.strategy)
 from parallax_tf import flags as ptf_flags
-from parallax_tf import model_init, strategy as strategy_lib
+from parallax_tf import devices, model_init, strategy as strategy_lib
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
@@ -54,7 +54,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
-    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose, opts.threads)
+    cluster = cluster_lib.start_cluster(opts.bind_address, opts.port, opts.verbose, opts.threads,
+                                        device_request=opts.device_request)
     phases["rendezvous"] = time.time()
     topo = cluster.topology
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
@@ -88,8 +89,9 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
         entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
-    placement.host_servers_on_workers(graph, topo.server_ranks)
+    placement.settle(graph, topo.server_ranks, topo.device_type)
     graph.finalize()
+    on_cpu_instead = _ops_without_gpu_kernel(graph, topo, opts.verbose)
     phases["graph"] = time.time()
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     commits = CheckpointStore(os.environ[launcher.COMMIT_DIR_ENV], 1) if opts.commit_every else None
@@ -152,6 +154,8 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
                 tf.compat.v1.Session.reset(cluster.target, [run_id])
     phases["results"] = time.time()
     stats.extras["phases"] = phases
+    if on_cpu_instead is not None:
+        stats.extras["ops_without_gpu_kernel"] = on_cpu_instead
     for name, saver in (("checkpoint", checkpointer), ("commit", committer)):
         if saver is not None and saver.store is not None and saver.seconds:
             stats.extras[f"{name}_ms"] = [round(s * 1000, 2) for s in saver.seconds]
@@ -168,6 +172,18 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     if topo.is_chief and opts.log_every:
         _print_summary(result)
     return result
+
+
+def _ops_without_gpu_kernel(graph, topo, verbose: bool) -> Optional[dict]:
+    """On GPU ranks, the op types placed on the GPU that soft placement runs on the CPU (no GPU
+    kernel for their attributes), by count; said on rank 0 with --verbose."""
+    if topo.device_type != "GPU":
+        return None
+    found = devices.without_gpu_kernel(graph.get_operations(), devices.gpu_kernel_lookup())
+    if verbose and topo.is_chief:
+        listed = ", ".join(f"{op_type} x{count}" for op_type, count in found.items()) or "none"
+        print(f"ops without a GPU kernel, run on the CPU instead: {listed}", flush=True)
+    return found
 
 
 def _watchdog(topo, cluster, dgraph) -> Watchdog:
@@ -242,6 +258,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
                          opts.options, opts.strategy_options)
         plan.servers = list(cluster.server_addresses)
+        plan.devices = cluster.devices
         text = plan.to_json()
     return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
 
@@ -252,6 +269,11 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
                      cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options)
+    listed = devices.listed_gpus()
+    if listed and opts.gpus_per_rank != 0:     # what the ranks of one host would compute on
+        import horovod.tensorflow as hvd
+        choice = devices.choose(0, ranks, listed, opts.device_request)
+        plan.devices = devices.summary(choice, bool(hvd.nccl_built()), bool(hvd.cuda_built()))
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
     return Result(variables={}, losses=[], plan=plan)

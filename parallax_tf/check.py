@@ -31,7 +31,7 @@ def main(argv: List[str]) -> int:
     _versions(problems)
     _horovod(problems)
     _compiled(ops_dir, problems)
-    _devices()
+    _devices(problems)
     _interfaces()
     if ranks and not problems:
         _two_ranks(problems)
@@ -102,12 +102,34 @@ def _compiled(ops_dir: str, problems) -> None:
         problems.append(f"the bind shim {shims[0]} does not load ({err}): {SETUP_FIX}")
 
 
-def _devices() -> None:
+def _devices(problems) -> None:
     import tensorflow as tf
     from parallax_tf import threads
     _line("cpus", f"{os.cpu_count()} on the machine, {threads.available_cores():g} this process may use")
+    cuda = tf.sysconfig.get_build_info().get("cuda_version")
+    _line("tensorflow build", f"CUDA {cuda}" if tf.test.is_built_with_cuda() else "CPU only")
     gpus = tf.config.list_physical_devices("GPU")
     _line("gpus (tensorflow)", ", ".join(g.name for g in gpus) or "none")
+    _line("ranks compute on", f"one GPU each, up to {len(gpus)} rank(s) per host (README: ranks and GPUs)"
+          if gpus else "the CPU")
+    smi = _nvidia_smi_gpus()
+    if smi and not gpus:
+        problems.append(f"nvidia-smi lists {smi} GPU(s) but TensorFlow lists none: "
+                        + ("this TensorFlow has no CUDA; set it up with `PARALLAX_DEVICE=gpu make setup` (BUILD.md, 'GPUs')"
+                           if not tf.test.is_built_with_cuda() else
+                           "check CUDA_VISIBLE_DEVICES and the CUDA libraries (TensorFlow's log with --verbose says which is missing)"))
+
+
+def _nvidia_smi_gpus() -> int:
+    import shutil
+    import subprocess
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
 def _interfaces() -> None:

@@ -6,12 +6,15 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf import devices
+from parallax_tf import threads as pool_threads
 from parallax_tf.runtime import cluster as cluster_lib
 
 
 def main() -> int:
     import horovod.tensorflow as hvd
-    cluster = cluster_lib.start_cluster(None, None)
+    # ranks may share a GPU here: this checks the servers and collectives, not memory
+    cluster = cluster_lib.start_cluster(None, None, device_request=devices.DeviceRequest(share=True))
     topo = cluster.topology
     total = hvd.allreduce(tf.constant([float(topo.rank + 1)]), op=hvd.Sum, name="parallax_check_sum")
     if float(total.numpy()[0]) != 3.0:
@@ -24,7 +27,7 @@ def main() -> int:
                                                 initializer=tf.compat.v1.zeros_initializer(), use_resource=True)
         with tf.device(topo.worker_device):
             add = counter.assign_add(1.0)
-    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=60000)
+    config = pool_threads.config(allow_soft_placement=True, operation_timeout_in_ms=60000)
     config.device_filters.extend([topo.worker_device, "/job:worker/task:0"])
     with tf.compat.v1.Session(cluster.target, graph=graph, config=config) as sess:
         if topo.rank == 0:

@@ -10,6 +10,7 @@ from typing import Optional
 from absl import flags
 
 from parallax_tf import strategy as strategy_lib
+from parallax_tf import devices
 from parallax_tf import threads as pool_threads
 from parallax_tf.errors import ConfigError
 
@@ -51,6 +52,11 @@ flags.DEFINE_integer("profile_threads_from", -1, "From this step on, count this 
 flags.DEFINE_string("threads", "auto", "Threads in each of TensorFlow's pools (inter- and intra-op) per rank: auto "
                     "(the cores its cgroup quota or CPU affinity allows, shared by the ranks of its host), tf "
                     "(TensorFlow's own sizing: every core of the machine), or a number.")
+flags.DEFINE_integer("gpus_per_rank", None, "GPUs each rank computes on: 1 (the default where TensorFlow lists "
+                     "GPUs; rank r of a host uses its GPU r) or 0 (the CPU). README: ranks and GPUs.")
+flags.DEFINE_float("gpu_memory_fraction", None, "Cap on the GPU memory each rank takes (default: as it needs).")
+flags.DEFINE_bool("share_gpus", False, "Let more ranks than GPUs on a host share them (rank r on GPU r mod G, "
+                  "each with 1/k of its memory).")
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
 flags.DEFINE_string("link_delay", None, "One-way per-link delay the cost model plans for (default: "
                     "$PARALLAX_LINK_DELAY, else 0.05ms).")
@@ -87,6 +93,9 @@ class Options:
     threads: str
     verbose: bool
     host_cores: Optional[int]
+    gpus_per_rank: Optional[int]
+    gpu_memory_fraction: Optional[float]
+    share_gpus: bool
     # strategy -> its options dataclass (parallax_tf.strategy), parsed from its flags
     strategy_options: dict = dataclasses.field(default_factory=dict)
 
@@ -94,6 +103,10 @@ class Options:
     def options(self):
         """The chosen strategy's options."""
         return self.strategy_options[self.strategy]
+
+    @property
+    def device_request(self) -> devices.DeviceRequest:
+        return devices.DeviceRequest(self.gpus_per_rank, self.gpu_memory_fraction, self.share_gpus)
 
 
 def define_strategy_flag() -> None:
@@ -146,6 +159,7 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--max_restarts={options.max_restarts}: give a count >= 0, and --ckpt_dir for the "
                           "checkpoints a restart resumes from")
     pool_threads.parse(options.threads)         # a clear error now, not once the cluster is up
+    options.device_request.check()
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
     return options

@@ -147,6 +147,7 @@ class Plan:
     split: Optional[LayerSplit] = None  # Stanza's conv and FC nodes and the cut between them
     pipeline: Optional[Pipeline] = None  # DSP's stages
     options: Dict[str, object] = dataclasses.field(default_factory=dict)  # the strategy's options, by field
+    devices: Optional[str] = None       # on GPU ranks, what runs where (parallax_tf.devices.summary)
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
@@ -197,6 +198,8 @@ class Plan:
                      f"local_aggregation={self.local_aggregation} "
                      f"global_step={self.global_step or 'parallax_global_step'} "
                      f"est. bytes/step/rank={human_bytes(total)}")
+        if self.devices:
+            lines.append(f"devices: {self.devices}")
         if self.split is not None:
             lines.extend(self.split_lines())
         if self.pipeline is not None:

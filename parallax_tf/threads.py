@@ -8,8 +8,9 @@ may use (its cgroup's quota, else its CPU affinity), at least one; `tf` keeps TF
 a number sets it. Where a process cannot read its quota, $PARALLAX_HOST_CPUS says it
 (tools.cluster sets it: its `ip netns exec` hides /sys/fs/cgroup).
 
-Every session and server parallax_tf opens takes its pools from config(), so the choice is made
-once per process (use()), when the rank knows how many ranks share its host.
+Every session and server parallax_tf opens takes its pools (and its device, parallax_tf.devices)
+from config(), so the choice is made once per process (use()), when the rank knows how many
+ranks share its host.
 """
 from __future__ import annotations
 
@@ -92,7 +93,11 @@ def current() -> int:
 
 
 def config(**fields):
-    """A session or server ConfigProto with this process's pool size and `fields`."""
+    """A session or server ConfigProto with this process's pool size, its device choice
+    (parallax_tf.devices) and `fields`."""
     import tensorflow as tf
-    return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=_threads, intra_op_parallelism_threads=_threads,
-                                    **fields)
+    from parallax_tf import devices
+    proto = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=_threads, intra_op_parallelism_threads=_threads,
+                                     **fields)
+    devices.configure(proto, devices.current())
+    return proto

@@ -185,10 +185,10 @@ def test_ps_state_moves_onto_the_first_rank_of_its_host():
                 return x * 2.0
         with tf.device("/job:worker/task:0"):
             doubled(table.read_value())
-    placement.host_servers_on_workers(graph, server_ranks=[0, 2])     # hosts of 2 ranks each
-    assert graph.get_operation_by_name("table").device == "/job:worker/task:2"
+    placement.settle(graph, server_ranks=[0, 2])     # hosts of 2 ranks each
+    assert graph.get_operation_by_name("table").device == "/job:worker/task:2/device:CPU:0"
     body = [node for f in graph.as_graph_def().library.function for node in f.node_def if node.op == "Mul"]
-    assert [node.device for node in body] == ["/job:worker/task:2"]
+    assert [node.device for node in body] == ["/job:worker/task:2/device:CPU:0"]
     assert not any("/job:ps" in op.device for op in graph.get_operations())
     assert session.remote_tasks(graph, rank=0) == ["/job:worker/task:2"]
     assert session.remote_tasks(graph, rank=2) == ["/job:worker/task:0"]

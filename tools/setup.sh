@@ -12,6 +12,52 @@ TF_KERAS_VERSION=2.21.0
 
 log() { printf '[setup] %s\n' "$*"; }
 
+# Which TensorFlow, and which Horovod operations. PARALLAX_DEVICE=gpu|cpu forces the choice;
+# unset, a machine where nvidia-smi lists a GPU gets TensorFlow with CUDA. `--plan` prints the
+# choice and changes nothing.
+device="${PARALLAX_DEVICE:-auto}"
+if [ "$device" = auto ]; then
+  device=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then device=gpu; fi
+fi
+case "$device" in
+  gpu) tf_package="tensorflow[and-cuda]==$TF_VERSION"; other_tf=tensorflow-cpu ;;
+  cpu) tf_package="tensorflow-cpu==$TF_VERSION"; other_tf=tensorflow ;;
+  *) echo "[setup] PARALLAX_DEVICE=$device: set it to gpu or cpu, or leave it unset to choose by nvidia-smi" >&2; exit 2 ;;
+esac
+
+# Horovod's GPU operations need nvcc and NCCL of TensorFlow's own CUDA: the nvidia-* wheels that
+# tensorflow[and-cuda] installs carry both, gathered into one toolkit folder for Horovod's CMake.
+# PARALLAX_CUDA_HOME names another toolkit (same CUDA major version as TensorFlow's).
+wheels_cuda() {   # prints the toolkit folder it assembled, or nothing
+  local site nv out
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null) || return 0
+  nv="$site/nvidia"
+  [ -x "$nv/cuda_nvcc/bin/nvcc" ] && [ -f "$nv/cuda_runtime/include/cuda_runtime.h" ] && [ -f "$nv/nccl/include/nccl.h" ] || return 0
+  out="$stamp_dir/cuda"
+  rm -rf "$out"; mkdir -p "$out/lib64"
+  cp -rs "$nv/cuda_nvcc/." "$out/"                 # bin/nvcc, nvvm/, include/ (crt)
+  cp -rs "$nv/cuda_runtime/include/." "$out/include/"
+  cp -rs "$nv/nccl/include/." "$out/include/"
+  for lib in "$nv"/cuda_runtime/lib/*.so* "$nv"/nccl/lib/*.so*; do
+    ln -sf "$lib" "$out/lib64/$(basename "$lib")"
+    ln -sf "$lib" "$out/lib64/$(basename "$lib" | sed 's/\.so\..*/.so/')"    # the unversioned name CMake links
+  done
+  echo "$out"
+}
+
+if [ "${1:-}" = "--plan" ]; then
+  echo "device: $device (PARALLAX_DEVICE=${PARALLAX_DEVICE:-unset})"
+  echo "tensorflow: $tf_package"
+  if [ "$device" = gpu ]; then
+    echo "horovod operations: NCCL where the CUDA toolkit is found (${PARALLAX_CUDA_HOME:-the nvidia-* wheels of tensorflow[and-cuda]}), else CPU (GPU tensors through host memory)"
+    [ -n "${PARALLAX_CUDA_HOME:-}" ] && echo "cuda toolkit: $PARALLAX_CUDA_HOME ($([ -x "$PARALLAX_CUDA_HOME/bin/nvcc" ] && echo 'has nvcc' || echo 'no bin/nvcc'))"
+  else
+    echo "horovod operations: CPU (gloo, MPI where OpenMPI is installed)"
+  fi
+  exit 0
+fi
+
 # 1. System packages: OpenMPI so Horovod builds with both gloo and MPI (mpirun tests).
 if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -29,11 +75,17 @@ if [ ! -x "$py" ]; then
   python3 -m venv "$venv"
 fi
 mkdir -p "$stamp_dir"
+installed_for=$(cat "$stamp_dir/pip.done" 2>/dev/null || true)
+if [ -f "$stamp_dir/pip.done" ] && [ "${installed_for:-cpu}" != "$device" ]; then     # (an empty stamp: a CPU venv)
+  log "switching this venv to the $device TensorFlow: removing $other_tf and Horovod (rebuilt below)"
+  "$py" -m pip uninstall -q -y "$other_tf" horovod >/dev/null 2>&1 || true
+  rm -f "$stamp_dir/pip.done"
+fi
 if [ ! -f "$stamp_dir/pip.done" ]; then
-  log "installing tensorflow-cpu $TF_VERSION, absl-py, numpy, pytest"
+  log "installing $tf_package, absl-py, numpy, pytest"
   "$py" -m pip install -q --upgrade pip wheel setuptools
-  "$py" -m pip install -q "tensorflow-cpu==$TF_VERSION" absl-py numpy pytest matplotlib cloudpickle psutil pyyaml packaging cffi
-  touch "$stamp_dir/pip.done"
+  "$py" -m pip install -q "$tf_package" absl-py numpy pytest matplotlib cloudpickle psutil pyyaml packaging cffi
+  echo "$device" > "$stamp_dir/pip.done"
 fi
 if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then   # tools.bench plots (added later)
   "$py" -m pip install -q matplotlib
@@ -53,17 +105,29 @@ if ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   "$py" -m pip download -q --no-deps --no-binary :all: -d "$build" "horovod==$HOROVOD_VERSION"
   tar -xzf "$build"/horovod-$HOROVOD_VERSION.tar.gz -C "$build"
   src="$build/horovod-$HOROVOD_VERSION"
-  # xla_mpi_ops.cc includes XLA headers the TF 2.21 wheel no longer ships; on CPU builds all of
-  # its code sits under HAVE_GPU, so leaving it out of the build loses nothing.
+  # xla_mpi_ops.cc includes XLA headers the TF 2.21 wheel no longer ships; its code serves
+  # Horovod ops inside XLA-compiled GPU clusters only, which parallax_tf's graphs never form.
   sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
   if grep -q xla_mpi_ops "$src/horovod/tensorflow/CMakeLists.txt"; then
     echo "[setup] could not remove xla_mpi_ops.cc from Horovod's CMakeLists.txt" >&2; exit 1
   fi
   mpi_flag=HOROVOD_WITHOUT_MPI
   command -v mpicxx >/dev/null 2>&1 && mpi_flag=HOROVOD_WITH_MPI
-  log "building horovod ($mpi_flag, gloo, CPU) - takes a few minutes"
+  gpu_env=()
+  operations=CPU
+  if [ "$device" = gpu ]; then
+    cuda_home="${PARALLAX_CUDA_HOME:-$(wheels_cuda)}"
+    if [ -n "$cuda_home" ] && [ -x "$cuda_home/bin/nvcc" ]; then
+      gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$cuda_home" HOROVOD_NCCL_LINK=SHARED
+               "HOROVOD_NCCL_INCLUDE=$cuda_home/include" "HOROVOD_NCCL_LIB=$cuda_home/lib64" "PATH=$cuda_home/bin:$PATH")
+      operations="NCCL, CUDA at $cuda_home"
+    else
+      log "no CUDA toolkit with nvcc and NCCL found: Horovod gets CPU operations (GPU tensors go through host memory)"
+    fi
+  fi
+  log "building horovod ($mpi_flag, gloo, $operations) - takes a few minutes"
   env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "$mpi_flag=1" HOROVOD_WITHOUT_PYTORCH=1 \
-      HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)" \
+      HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)" "${gpu_env[@]}" \
       "$py" -m pip install -q --no-build-isolation --no-cache-dir "$src"
   rm -rf "$build"
 fi

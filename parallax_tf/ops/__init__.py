@@ -13,6 +13,11 @@ import os
 import tensorflow as tf
 
 _LIBRARY = None
+OP_PREFIX = "Parallax"      # every op type the library registers begins with it (CPU kernels only)
+
+
+def is_compiled(op_type: str) -> bool:
+    return op_type.startswith(OP_PREFIX)
 
 
 def load():

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
+from parallax_tf import devices
 from parallax_tf import threads as pool_threads
 from parallax_tf.runtime import bind
 from parallax_tf.runtime.launch import under_launcher  # noqa: F401  (part of this module's interface)
@@ -30,6 +31,7 @@ class Cluster:
     spec: Dict[str, List[str]]
     worker_server: object
     host_server: Optional[object]     # the task of `host_job` this process serves, if any
+    devices: Optional[str] = None     # what GPU ranks compute on (devices.summary); None on the CPU
 
     @property
     def target(self) -> str:
@@ -45,9 +47,11 @@ _CLUSTER: Optional[Cluster] = None
 
 
 def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose: bool = False,
-                  threads: str = "auto", host_job: Optional[str] = None) -> Cluster:
+                  threads: str = "auto", host_job: Optional[str] = None,
+                  device_request: devices.DeviceRequest = devices.DeviceRequest()) -> Cluster:
     """Starts this rank's servers once per process; later runs in the process reuse them.
-    `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on;
+    `threads` (--threads) sizes TF's pools in this process's servers and sessions from here on,
+    and `device_request` (--gpus_per_rank, ...) chooses the rank's device (parallax_tf.devices);
     `host_job`: each host's first rank also serves a task of this job (one task per host), for a
     caller that places ops by host (tools/baselines.py's TF parameter servers)."""
     global _CLUSTER
@@ -58,7 +62,12 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     hvd = _horovod()
     hvd.init()
     host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank()})
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    choice = devices.choose(hvd.local_rank(), hvd.local_size(), devices.listed_gpus(), device_request, cuda_visible)
+    devices.use(choice)                     # before this process's first server or session
+    peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank(),
+                                  "device": choice.device_type, "gpu": devices.physical_id(choice, cuda_visible)})
+    devices.check_agreement(peers, device_request.share)
     hosts: List[str] = []
     for peer in peers:
         if peer["host"] not in hosts:
@@ -77,14 +86,16 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
         spec[host_job] = [next(p["host_task"] for p in everyone if p["host"] == h and p["host_task"]) for h in hosts]
     topology = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                         local_size=hvd.local_size(), host=hosts.index(host_name),
-                        ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts])
+                        ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts],
+                        device_type=choice.device_type)
     worker = _server(spec, "worker", hvd.rank(), mine["worker"])
     host_server = _server(spec, host_job, hosts.index(host_name), mine["host_task"]) if mine["host_task"] else None
     hvd.allgather_object(True)  # every server is up before anyone opens a session
     if verbose or os.environ.get("PARALLAX_PRINT_ADDRESSES") == "1":   # tests read the ports from it
         print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
               + (f", {host_job} {mine['host_task']}" if mine["host_task"] else ""), file=sys.stderr, flush=True)
-    _CLUSTER = Cluster(topology, spec, worker, host_server)
+    _CLUSTER = Cluster(topology, spec, worker, host_server,
+                       devices.summary(choice, bool(hvd.nccl_built()), bool(hvd.cuda_built())))
     return _CLUSTER
 
 

@@ -1,5 +1,14 @@
 """Where a rewritten graph's ops run, settled after the rewriter.
 
+Three rules, in this order (settle):
+- PS state moves onto the worker that serves its host (below), on that task's CPU: variables,
+  slots, accumulators and the applies on them stay in host memory, as in Parallax and TF's
+  PS training, whatever devices the rank has.
+- parallax_tf's compiled ops run on their task's CPU: they have CPU kernels only (BUILD.md).
+- On GPU ranks (parallax_tf.devices), every other op of a worker task that the model did not pin
+  to a device type runs on that task's GPU:0, the one GPU its process sees. Soft placement puts
+  an op without a GPU kernel on the CPU; devices.without_gpu_kernel names those.
+
 Rewriters place a host's parameter-server state on the logical task /job:ps/task:<host>; no
 parallax_tf run starts a `ps` server (only the tf_ps baseline does). The first rank of each host
 holds its host's PS state in its own worker server, so that rank reads and updates its host's
@@ -14,35 +23,49 @@ from typing import Callable, List
 
 import tensorflow as tf
 
+from parallax_tf import ops as compiled_ops
 
-def host_servers_on_workers(graph, server_ranks: List[int]) -> None:
-    """Moves every op on /job:ps/task:k onto /job:worker/task:<server_ranks[k]>."""
-    def moved(device: str) -> str:
+
+def settle(graph, server_ranks: List[int], device_type: str = "CPU") -> None:
+    """Applies the three rules: /job:ps/task:k becomes /job:worker/task:<server_ranks[k]>/device:CPU:0;
+    compiled ops go to their task's CPU; with `device_type` GPU, a worker's unpinned ops to its GPU:0."""
+    def placed(device: str, op_type: str) -> str:
         spec = tf.DeviceSpec.from_string(device) if device else None
-        if spec is None or spec.job != "ps":
-            return device
-        return spec.replace(job="worker", task=server_ranks[spec.task or 0]).to_string()
-    map_devices(graph, moved)
+        if spec is not None and spec.job == "ps":
+            return spec.replace(job="worker", task=server_ranks[spec.task or 0], device_type="CPU",
+                                device_index=0).to_string()
+        if compiled_ops.is_compiled(op_type):
+            return (spec or tf.DeviceSpec()).replace(device_type="CPU", device_index=0).to_string()
+        if device_type == "GPU" and spec is not None and spec.job == "worker" and spec.device_type is None:
+            return spec.replace(device_type="GPU", device_index=0).to_string()
+        return device
+    map_devices(graph, placed)
 
 
 def drop_placements(graph) -> None:
-    """Clears every op's device (for a session of this process's own devices)."""
-    map_devices(graph, lambda device: "")
+    """Clears every op's job and task (for a session of this process's own devices), keeping
+    the device type and index the rules above chose."""
+    def local(device: str, op_type: str) -> str:
+        spec = tf.DeviceSpec.from_string(device) if device else None
+        if spec is None or spec.device_type is None:
+            return ""
+        return tf.DeviceSpec(device_type=spec.device_type, device_index=spec.device_index).to_string()
+    map_devices(graph, local)
 
 
-def map_devices(graph, new_device: Callable[[str], str]) -> None:
-    """Sets every op's device to new_device(its device), the ops inside the graph's functions
-    too (a while loop's body is placed from those when TF lowers it)."""
+def map_devices(graph, new_device: Callable[[str, str], str]) -> None:
+    """Sets every op's device to new_device(its device, its type), the ops inside the graph's
+    functions too (a while loop's body is placed from those when TF lowers it)."""
     from tensorflow.python.client import pywrap_tf_session as c_api
     for op in graph.get_operations():
-        device = new_device(op.device)
+        device = new_device(op.device, op.type)
         if device != op.device:
             op._set_device(device)
     for function in graph.as_graph_def().library.function:
-        if all(new_device(node.device) == node.device for node in function.node_def):
+        if all(new_device(node.device, node.op) == node.device for node in function.node_def):
             continue
         for node in function.node_def:
-            node.device = new_device(node.device)
+            node.device = new_device(node.device, node.op)
         name = function.signature.name
         c_api.TF_GraphRemoveFunction(graph._c_graph, name)
         imported = c_api.TF_FunctionImportFunctionDef(function.SerializeToString())

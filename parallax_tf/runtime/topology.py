@@ -14,6 +14,7 @@ class Topology:
     local_size: int
     host: int                  # index of this rank's host = index of the PS task on it
     ranks_per_host: List[int]  # number of ranks on each host
+    device_type: str = "CPU"   # what every rank computes on: "GPU" (its own one) or "CPU" (parallax_tf.devices)
 
     @property
     def is_chief(self) -> bool:
