@@ -127,9 +127,9 @@ def summary(choice: DeviceChoice, nccl_built: bool, cuda_built: bool) -> Optiona
         return None
     collectives = "NCCL on the GPU" if nccl_built and cuda_built else \
         "through host memory (Horovod built without NCCL: BUILD.md, 'GPUs')"
-    shared = f", {choice.sharing} ranks per GPU (--share_gpus)" if choice.sharing > 1 else ""
-    return (f"one GPU per rank (rank r of a host on its GPU r{shared}); PS state and parallax_tf's ops on the CPU; "
-            f"Horovod collectives {collectives}")
+    ranks = f"{choice.sharing} ranks per GPU, --share_gpus: rank r of a host on its GPU r mod G" \
+        if choice.sharing > 1 else "one GPU per rank: rank r of a host on its GPU r"
+    return f"{ranks}; PS state and parallax_tf's ops on the CPU; Horovod collectives {collectives}"
 
 
 def configure(config, choice: Optional[DeviceChoice]) -> None:
