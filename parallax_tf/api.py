@@ -47,7 +47,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
         return _plan_only(model_fn, input_fn, opts)
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.verbose, launch.restarts_of(opts.max_restarts, opts.ckpt_dir),
-                                     opts.ckpt_dir))
+                                     opts.ckpt_dir, opts.min_np, opts.host_discovery_script))
     if opts.commit_every and not os.environ.get(launcher.COMMIT_DIR_ENV):
         raise ConfigError(f"--commit_every={opts.commit_every}: in-memory commits need parallax_tf's launcher "
                           "(--np N, or tools.cluster), which keeps them across restarts")

@@ -39,6 +39,10 @@ flags.DEFINE_integer("commit_every", 0, "Under parallax_tf's launcher: every thi
                      "so a restart resumes from there unless rank 0's host was lost (0: off).")
 flags.DEFINE_integer("max_restarts", None, "Under --np: when a rank dies, stop every rank and start the job again from "
                      "the latest checkpoint, up to this many times (default: 3 with --ckpt_dir, else 0).")
+flags.DEFINE_integer("min_np", None, "A restart may go on with fewer ranks, down to this many, when a host the "
+                     "--host_discovery_script no longer lists is left out (default: as many as the job started with).")
+flags.DEFINE_string("host_discovery_script", None, "Command printing the hosts a restart may use, one host:slots a "
+                    "line (as horovodrun --host-discovery-script); without it a restart uses the same hosts.")
 flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
 # Not `--timeline`: horovodrun's argparse takes any prefix of its own --timeline-filename from
 # the script's arguments too, so that name cannot reach the ranks.
@@ -84,6 +88,8 @@ class Options:
     ckpt_secs: float
     ckpt_keep: int
     max_restarts: Optional[int]
+    min_np: Optional[int]
+    host_discovery_script: Optional[str]
     commit_every: int
     logdir: Optional[str]
     timeline_file: Optional[str]

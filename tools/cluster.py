@@ -34,12 +34,14 @@ FLAGS = flags.FLAGS
 def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str = "100mbit",
         delay: str = "1ms", env: Optional[dict] = None, on_ready=None, timeout_s: float = 0,
         host_cpus: str = "auto", slow_hosts: str = "", cpu_usage: Optional[Dict[int, float]] = None,
-        max_restarts: int = 0, ckpt_dir: Optional[str] = None) -> int:
+        max_restarts: int = 0, ckpt_dir: Optional[str] = None, min_np: Optional[int] = None,
+        discovery: Optional[str] = None) -> int:
     """Runs `command` on hosts x ranks_per_host ranks; returns the job's exit status.
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
     receives the CPU seconds each host used. `max_restarts`: when a rank dies, the job starts
-    again on the same hosts and resumes from the latest checkpoint in `ckpt_dir`."""
+    again and resumes from the latest checkpoint in `ckpt_dir`, on the hosts `discovery` still
+    lists (h0, h1, ...; all of them without it) if at least `min_np` ranks fit there."""
     from parallax_tf import threads as pool_threads
     from parallax_tf.runtime import bind, launcher, quiet
     env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
@@ -50,7 +52,7 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
               f"to plain loopback: {n} ranks on this host, no bandwidth limit, no CPU quota",
               file=sys.stderr, flush=True)
         return launcher.run_restarting(command, f"localhost:{n}", n, env, {"lo"}, "127.0.0.1", max_restarts, ckpt_dir,
-                                       timeout_s=timeout_s)
+                                       min_np, discovery, timeout_s=timeout_s)
     if shares and not cpu_quota.available():
         print("tools.cluster: no cgroup v1 cpu/cpuacct hierarchy here; hosts share every core (no CPU quota)",
               file=sys.stderr, flush=True)
@@ -85,8 +87,8 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
 
         spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
         status = launcher.run_restarting(command, spec, hosts * ranks_per_host, emulated, {"eth0"},
-                                         netns.LAUNCHER_ADDRESS, max_restarts, ckpt_dir, wrap=on_host,
-                                         timeout_s=timeout_s)
+                                         netns.LAUNCHER_ADDRESS, max_restarts, ckpt_dir, min_np, discovery,
+                                         wrap=on_host, timeout_s=timeout_s)
         if shares:
             used = cpu_quota.usage_s()
             if cpu_usage is not None:
@@ -106,13 +108,11 @@ def main(argv):
                              "python -m models.mlp --steps 10")
     from parallax_tf.runtime import launch
     command = argv[1:]
-    # the job's own --max_restarts and --ckpt_dir decide, as under parallax_tf's local launcher
-    restarts, ckpt_dir = launch.flag_value(command, "max_restarts"), launch.flag_value(command, "ckpt_dir")
+    # the job's own restart flags decide, as under parallax_tf's local launcher
+    restart = launch.restart_options(command)
     try:
         status = run(command, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth, FLAGS.delay,
-                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts, ckpt_dir=ckpt_dir,
-                     max_restarts=launch.restarts_of(int(restarts) if restarts and restarts.isdigit() else None,
-                                                     ckpt_dir))
+                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts, **restart)
     except ValueError as err:
         raise app.UsageError(str(err))
     sys.exit(status)

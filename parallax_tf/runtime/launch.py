@@ -29,6 +29,16 @@ def restarts_of(max_restarts: Optional[int], ckpt_dir: Optional[str]) -> int:
     return max_restarts if max_restarts is not None else (DEFAULT_RESTARTS if ckpt_dir else 0)
 
 
+def restart_options(args) -> dict:
+    """What a launcher needs of a job's command line to restart it: --max_restarts (with its
+    default), --ckpt_dir, --min_np, --host_discovery_script."""
+    restarts, ckpt_dir = flag_value(args, "max_restarts"), flag_value(args, "ckpt_dir")
+    min_np = flag_value(args, "min_np")
+    return {"max_restarts": restarts_of(int(restarts) if restarts and restarts.isdigit() else None, ckpt_dir),
+            "ckpt_dir": ckpt_dir, "min_np": int(min_np) if min_np and min_np.isdigit() else None,
+            "discovery": flag_value(args, "host_discovery_script")}
+
+
 def flag_value(args, name: str) -> Optional[str]:
     """The value of --name in a command line (absl's --name=V or --name V), None if absent."""
     found = None
@@ -67,18 +77,17 @@ def launch_if_asked(argv) -> None:
         return                         # python -c, a notebook: run() launches as before
     count = requested_ranks(argv[1:])
     if count > 1:
-        restarts = flag_value(argv[1:], "max_restarts")
-        ckpt_dir = flag_value(argv[1:], "ckpt_dir")
-        restarts = restarts_of(int(restarts) if restarts and restarts.isdigit() else None, ckpt_dir)
-        sys.exit(launch_local(count, quiet.verbose_in(argv), restarts, ckpt_dir))
+        sys.exit(launch_local(count, quiet.verbose_in(argv), **restart_options(argv[1:])))
 
 
-def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, ckpt_dir: Optional[str] = None) -> int:
+def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, ckpt_dir: Optional[str] = None,
+                 min_np: Optional[int] = None, discovery: Optional[str] = None) -> int:
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
     argv = list(sys.orig_argv[1:])
     # run by path: see launcher.py for why it must not be started with -m
     command = [sys.executable, LAUNCHER, "--np", str(num_ranks), "--max_restarts", str(max_restarts)] + \
-        (["--ckpt_dir", ckpt_dir] if ckpt_dir else []) + (["--verbose"] if verbose else []) + \
+        (["--ckpt_dir", ckpt_dir] if ckpt_dir else []) + (["--min_np", str(min_np)] if min_np else []) + \
+        (["--host_discovery_script", discovery] if discovery else []) + (["--verbose"] if verbose else []) + \
         ["--", sys.executable, *argv]
     env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)

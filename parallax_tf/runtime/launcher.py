@@ -208,11 +208,20 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
 
 
 def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
-                   max_restarts: int = 0, ckpt_dir: Optional[str] = None, **options) -> int:
+                   max_restarts: int = 0, ckpt_dir: Optional[str] = None, min_np: Optional[int] = None,
+                   discovery: Optional[str] = None, **options) -> int:
     """run(), and when a rank dies (not of a user error) every rank is stopped and the job starts
-    again on the same hosts, up to `max_restarts` times: it resumes from the latest checkpoint in
-    `ckpt_dir`. Returns the last run's status."""
+    again, up to `max_restarts` times: it resumes from the latest checkpoint in `ckpt_dir`.
+    `discovery` (--host_discovery_script, as Horovod's elastic mode takes it: a command printing
+    one `host:slots` line per host that can take ranks now) is asked before each restart; a host
+    it no longer lists is left out and the job goes on with fewer ranks while at least `min_np`
+    (--min_np; default: as many as it started with) remain. Returns the last run's status."""
     restarts = []
+    started = num_proc
+    if min_np is not None and not 1 <= min_np <= num_proc:
+        print(f"{USER_ERROR_PREFIX}--min_np={min_np}: give a rank count from 1 to the {num_proc} the job starts with",
+              file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
     # in-memory commits (--commit_every) outlive the ranks here, in memory where there is a tmpfs
     commits = tempfile.mkdtemp(prefix="parallax-commits-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     env = dict(env, **{COMMIT_DIR_ENV: commits})
@@ -224,14 +233,74 @@ def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nic
                     or len(restarts) >= max_restarts:
                 break
             resume = max(latest_checkpoint_step(ckpt_dir), latest_checkpoint_step(commits))
-            restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step {resume}")
-            print(f"parallax_tf launcher: restart {len(restarts)} of {max_restarts}: every rank starts again and "
+            where = ""
+            if discovery:
+                found = discover_hosts(discovery, host_slots(hosts))
+                if isinstance(found, str):
+                    print(f"parallax_tf launcher: {found}; the job ends", file=sys.stderr, flush=True)
+                    break
+                left_out = [host for host in host_slots(hosts) if host not in found]
+                ranks = min(sum(found.values()), started)
+                if ranks < (min_np or started):
+                    print(f"parallax_tf launcher: {', '.join(left_out) or 'no host'} did not come back: {ranks} "
+                          f"rank(s) can start, fewer than --min_np={min_np or started}; the job ends",
+                          file=sys.stderr, flush=True)
+                    break
+                if ranks != num_proc or left_out:
+                    hosts, num_proc = placed_on(found, ranks), ranks
+                    where = f" on {ranks} rank(s) of {', '.join(host_slots(hosts))}" + \
+                        (f" ({', '.join(left_out)} left out)" if left_out else "")
+            restarts.append(f"rank {failure['rank']} exited with status {failure['status']}, resumed at step "
+                            f"{resume}{where}")
+            print(f"parallax_tf launcher: restart {len(restarts)} of {max_restarts}: every rank starts again{where} and "
                   f"resumes from the latest checkpoint (step {resume})", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(commits, ignore_errors=True)
     if restarts:
         print(f"parallax_tf launcher: {len(restarts)} restart(s): " + "; ".join(restarts), file=sys.stderr, flush=True)
     return status
+
+
+DISCOVERY_TIMEOUT_S = 60
+
+
+def host_slots(hosts: str) -> dict:
+    """Horovod's "h1:2,h2:2" as {"h1": 2, "h2": 2}."""
+    found = {}
+    for item in filter(None, hosts.split(",")):
+        name, _, slots = item.strip().partition(":")
+        found[name] = int(slots) if slots else 1
+    return found
+
+
+def placed_on(slots: dict, ranks: int) -> str:
+    """A host list for `ranks` ranks, filling the hosts in order."""
+    spec = []
+    for name, count in slots.items():
+        take = min(count, ranks - sum(n for _, n in spec))
+        if take > 0:
+            spec.append((name, take))
+    return ",".join(f"{name}:{count}" for name, count in spec)
+
+
+def discover_hosts(command: str, known: dict):
+    """{host: slots} the discovery command lists now (a line "host:slots", or "host" for the slots
+    it had), or one sentence saying why there is no answer."""
+    import subprocess
+    try:
+        proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"the host discovery script ({command}) gave no answer within {DISCOVERY_TIMEOUT_S}s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the host discovery script ({command}) exited with status {proc.returncode}: {last}"
+    found = {}
+    for line in proc.stdout.split():
+        name, _, slots = line.partition(":")
+        if slots and not slots.isdigit():
+            return f"the host discovery script ({command}) printed {line!r}; each line must be host:slots"
+        found[name] = int(slots) if slots else known.get(name, 1)
+    return found
 
 
 def latest_checkpoint_step(ckpt_dir: Optional[str]) -> int:
@@ -250,13 +319,16 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true", help="keep the ranks' log lines")
     parser.add_argument("--max_restarts", type=int, default=0, help="restarts after a rank dies")
     parser.add_argument("--ckpt_dir", default=None, help="where the job checkpoints (for the restart summary)")
+    parser.add_argument("--min_np", type=int, default=None, help="fewest ranks a restart may go on with")
+    parser.add_argument("--host_discovery_script", default=None, help="command listing the hosts a restart may use")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the rank's command after --")
     return run_restarting(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1",
-                          args.max_restarts, args.ckpt_dir, verbose=args.verbose)
+                          args.max_restarts, args.ckpt_dir, args.min_np, args.host_discovery_script,
+                          verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) 
 flags.DEFINE_integer("die_rank", 1, "which rank (global) --die_at_step kills")
 flags.DEFINE_integer("die_trigger_rank", None, "whose step counts (its ctx.rank; default --die_rank): a rank that "
                      "reads no data (a Stanza FC node) dies when another rank reaches the step")
+flags.DEFINE_integer("die_writing_checkpoint", -1, "rank 0 is killed (SIGKILL, once: a died_at stamp in --out) "
+                     "while writing this step's checkpoint, after its files are written and before they are "
+                     "put in place")
+flags.DEFINE_string("lose_host", None, "every rank on this host (HOROVOD_HOSTNAME) kills itself at --lose_host_at_step, "
+                    "once, and marks the host lost (--out/lost-HOST) for tests/jobs/discover_hosts.py")
+flags.DEFINE_integer("lose_host_at_step", -1, "the step at which --lose_host is lost")
 flags.DEFINE_bool("die_once", False, "--die_at_step kills only if --out has no died_at stamp yet (a restarted job "
                   "goes on)")
 FLAGS = flags.FLAGS
@@ -35,6 +41,27 @@ def _die_when_stamped(stamp: str) -> None:
     os.kill(os.getpid(), 9)
 
 
+def _die_in_checkpoint(step: int, stamp: str) -> None:
+    """The checkpoint of `step` is written into its staging directory as CheckpointStore.save
+    writes it, and the process dies before renaming it into place."""
+    import tensorflow as tf
+    from parallax_tf import checkpoint
+    save = checkpoint.CheckpointStore.save
+
+    def dying_save(self, values, at_step):
+        if at_step != step:
+            return save(self, values, at_step)
+        staging = os.path.join(self.directory, f".staging-step-{at_step}-{os.getpid()}")
+        os.makedirs(staging)
+        keys = sorted(values)
+        tf.raw_ops.SaveV2(prefix=os.path.join(staging, checkpoint.PREFIX), tensor_names=keys,
+                          shape_and_slices=[""] * len(keys), tensors=[tf.constant(values[k]) for k in keys])
+        with open(stamp, "w") as out:
+            out.write(repr(time.time()))
+        os.kill(os.getpid(), 9)
+    checkpoint.CheckpointStore.save = dying_save
+
+
 def main(argv):
     _, model, optimizer, extra = cases.CASE_BY_NAME[FLAGS.case]
     inner = cases.input_fn_for(model)
@@ -43,8 +70,17 @@ def main(argv):
     once = FLAGS.die_once and os.path.exists(stamp)     # a restarted job: the death already happened
     if FLAGS.die_at_step >= 0 and _rank() == FLAGS.die_rank and trigger != FLAGS.die_rank and not once:
         threading.Thread(target=_die_when_stamped, args=(stamp,), daemon=True).start()
+    if FLAGS.die_writing_checkpoint >= 0 and _rank() == 0 and not os.path.exists(stamp):
+        _die_in_checkpoint(FLAGS.die_writing_checkpoint, stamp)
+
+    lost = os.path.join(FLAGS.out or ".", f"lost-{FLAGS.lose_host}")
+    on_lost_host = FLAGS.lose_host and os.environ.get("HOROVOD_HOSTNAME") == FLAGS.lose_host
 
     def input_fn(ctx):
+        if on_lost_host and ctx.step == FLAGS.lose_host_at_step:
+            with open(lost, "w") as out:
+                out.write(repr(time.time()))
+            os.kill(os.getpid(), 9)
         if ctx.rank == trigger and ctx.step == FLAGS.die_at_step and not once:
             with open(stamp, "w") as out:
                 out.write(repr(time.time()))
