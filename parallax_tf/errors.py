@@ -27,4 +27,7 @@ class ClusterError(ParallaxError):
 
 
 class Diverged(ParallaxError):
-    """The loss became NaN or Inf."""
+    """The loss became NaN or Inf. `after_report`, when set, runs once the error is printed and
+    before the process exits (runtime/exit.py): ranks that diverge together wait there for each
+    other, so no rank's exit cuts off another's report."""
+    after_report = None

@@ -38,6 +38,7 @@ def install() -> None:
         previous(kind, value, tb)
         if isinstance(value, Diverged):        # the same run diverges again: no restart
             _flush()
+            _bounded(value.after_report)
             os._exit(DIVERGED_STATUS)
         if not isinstance(value, ParallaxError) and _raised_inside(tb):
             sys.stderr.write("parallax_tf: internal error: please report it with the traceback above and the output "
@@ -45,6 +46,25 @@ def install() -> None:
 
     hook._parallax = True
     sys.excepthook = hook
+
+
+REPORT_WAIT_S = 60
+
+
+def _bounded(call) -> None:
+    """Runs `call` (a Diverged's after_report) for at most REPORT_WAIT_S; its errors are moot."""
+    if call is None:
+        return
+    import threading
+
+    def run():
+        try:
+            call()
+        except Exception:      # noqa: BLE001  (a peer already gone: nothing left to wait for)
+            pass
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    waiter.join(REPORT_WAIT_S)
 
 
 def _flush() -> None:

@@ -70,11 +70,15 @@ class Runner:
         return make_feeds(inputs.input_fn, ctx, inputs.placeholders, session.graph)
 
     @staticmethod
-    def check_finite(loss: float, subject: str, when: str = "") -> None:
-        """Stops the run with a Diverged error naming `subject` (the loss) and `when`."""
+    def check_finite(loss: float, subject: str, when: str = "", all_ranks: bool = False) -> None:
+        """Stops the run with a Diverged error naming `subject` (the loss) and `when`. `all_ranks`:
+        every rank of the job sees the same loss and stops at this step too."""
         if not np.isfinite(loss):
-            raise Diverged(f"{subject} is {loss}{when}; training stopped before it could be checkpointed. Lower "
-                           "the learning rate or check the input, then restart from the last checkpoint")
+            error = Diverged(f"{subject} is {loss}{when}; training stopped before it could be checkpointed. Lower "
+                             "the learning rate or check the input, then restart from the last checkpoint")
+            if all_ranks:
+                error.after_report = _every_rank_reported
+            raise error
 
 
 @dataclasses.dataclass
@@ -133,7 +137,13 @@ class SyncRunner(Runner):
             inputs.tracer.record(step, metadata)
             losses.append(float(out["loss"]))
             # The mean over ranks decides, so every rank stops at the same step.
-            self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step}")
+            self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step}", all_ranks=ctx.size > 1)
             for hook in inputs.hooks:
                 hook.after_step(step + 1, float(mean_loss), stats)
         return losses
+
+
+def _every_rank_reported() -> None:
+    """A barrier of the ranks that diverged together, once each has printed why."""
+    import horovod.tensorflow as hvd
+    hvd.allgather_object(True)
