@@ -141,7 +141,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
                                      elastic=False, prefix_output_with_timestamp=False)
     stop_all = threading.Event()
     output = JobOutput(verbose, stop_all)
-    signalled = threading.Event()     # Horovod's own event: a SIGINT or SIGTERM to this process
+    signalled = threading.Event()     # a SIGINT or SIGTERM to this process (the ranks' stop event too)
     failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
     lock = threading.Lock()
     timer = None
@@ -165,9 +165,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         errors.release(job_was_ending=stop_all.is_set())
         if code == 0:
             return 0, 0.0
-        if any(event.is_set() for event in events):      # stopped by us or by a signal to us
-            if not stop_all.is_set():
-                signalled.set()
+        if signalled.is_set() or stop_all.is_set():      # stopped by a signal to us, or by us
             with lock:
                 failures.append(code)
             return 0, 0.0
@@ -187,15 +185,24 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         stop_all.set()
         return 0, 0.0
 
-    # Horovod's launch_gloo turns SIGINT and SIGTERM into an event that stops the ranks and
-    # leaves its handler behind: the caller (tools.bench's next strategy) would go on and ignore
-    # the next SIGTERM. The caller's handlers come back, and a signal ends the caller too.
+    # Horovod's launch_gloo turns SIGINT and SIGTERM into an event that stops the ranks
+    # (register_shutdown_event) and leaves its handler behind: the caller (tools.bench's next
+    # strategy) would go on and ignore the next SIGTERM. Here the event is `signalled`, set by the
+    # handler itself, so a signal is known as one whatever the ranks' exit statuses say; the
+    # caller's handlers come back afterwards, and a signal ends the caller too.
+    in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    own_event = gloo_run.register_shutdown_event
+    if in_main:
+        for sig in previous:
+            signal.signal(sig, lambda *_: signalled.set())
+        gloo_run.register_shutdown_event = lambda: signalled
     try:
         # exec_rank reports every rank as finished: the statuses that matter are in `failures`
         gloo_run.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip)
     finally:
-        if threading.current_thread() is threading.main_thread():
+        gloo_run.register_shutdown_event = own_event
+        if in_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if timer:
