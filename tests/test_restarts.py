@@ -159,15 +159,10 @@ def test_a_restart_goes_on_only_with_min_np_ranks(monkeypatch, tmp_path, capsys)
 def test_two_emulated_hosts_restart_on_the_same_hosts():
     """tools.cluster's launcher restarts the job on the same host list (rank 1 is host 1's first
     rank: the PS state of its host dies with it)."""
-    import subprocess
-    import sys
     ckpt, out = tempfile.mkdtemp(prefix="ptf-restart-"), tempfile.mkdtemp(prefix="ptf-restart-")
-    command = [sys.executable, "tests/jobs/train_case.py", "--case=mixed_adagrad", f"--out={out}", "--log_every=0",
-               f"--steps={STEPS}", f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}", f"--die_at_step={DIE_AT}",
-               "--die_rank=1", "--die_once", "--max_restarts=1"]
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", *command], cwd=launch.ROOT,
-                          capture_output=True, text=True, timeout=400, start_new_session=True,
-                          env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    proc = _on_two_hosts(["--case=mixed_adagrad", f"--out={out}", "--log_every=0", f"--steps={STEPS}",
+                          f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}", f"--die_at_step={DIE_AT}", "--die_rank=1",
+                          "--die_once", "--max_restarts=1"])
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, launch.tail(proc)
     assert "1 restart(s): rank 1 exited with status 137, resumed at step 4" in output, launch.tail(proc)

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -293,7 +294,6 @@ def placed_on(slots: dict, ranks: int) -> str:
 def discover_hosts(command: str, known: dict):
     """{host: slots} the discovery command lists now (a line "host:slots", or "host" for the slots
     it had), or one sentence saying why there is no answer."""
-    import subprocess
     try:
         proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
