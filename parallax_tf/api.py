@@ -25,6 +25,7 @@ from parallax_tf.runtime import launch, launcher, placement, quiet, session
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, Progress, StepStats, StepTracer, Summaries,
                                       format_histogram)
 from parallax_tf.runtime.runner import RunInputs
+from parallax_tf.runtime import watchdog as watchdog_lib
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO, collect_state
 
@@ -47,10 +48,11 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
         return _plan_only(model_fn, input_fn, opts)
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.verbose, launch.restarts_of(opts.max_restarts, opts.ckpt_dir),
-                                     opts.ckpt_dir, opts.min_np, opts.host_discovery_script))
+                                     opts.ckpt_dir, opts.min_np, opts.host_discovery_script,
+                                     opts.host_slots, opts.ssh_port, opts.ssh_identity_file))
     if opts.commit_every and not os.environ.get(launcher.COMMIT_DIR_ENV):
         raise ConfigError(f"--commit_every={opts.commit_every}: in-memory commits need parallax_tf's launcher "
-                          "(--np N, or tools.cluster), which keeps them across restarts")
+                          "(--np N, or tools.cluster) with rank 0 on the launching machine, which keeps them across restarts")
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
@@ -193,7 +195,8 @@ def _watchdog(topo, cluster, dgraph) -> Watchdog:
     expendable = set(range(topo.size)) - set(topo.server_ranks) if dgraph.survivable_loss else set()
     if topo.is_chief and expendable:
         launcher.write_expendable(expendable, dgraph.survivable_loss)
-    return Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"])), expendable=expendable).start()
+    return Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"])), expendable=expendable,
+                    launcher=watchdog_lib.launcher_address()).start()
 
 
 def _owners(plan, keys) -> dict:

@@ -15,7 +15,12 @@ from parallax_tf import threads as pool_threads
 from parallax_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("np", None, "Ranks to launch locally when not under horovodrun/mpirun.")
+flags.DEFINE_integer("np", None, "Ranks to launch when not under horovodrun/mpirun (on this machine, or on "
+                     "--host_slots).")
+flags.DEFINE_string("host_slots", None, "With --np: the hosts to start the ranks on and their slots, h1:4,h2:4 "
+                    "(as horovodrun -H); other hosts are reached through ssh. Default: this machine.")
+flags.DEFINE_integer("ssh_port", None, "ssh port of the --host_slots hosts (default: ssh's).")
+flags.DEFINE_string("ssh_identity_file", None, "ssh key for the --host_slots hosts (default: ssh's).")
 flags.DEFINE_integer("steps", 100, "Training steps.")
 flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
 flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
@@ -72,6 +77,9 @@ flags.DEFINE_integer("host_cores", None, "Cores per host the cost model plans fo
 class Options:
     strategy: str
     np: Optional[int]
+    host_slots: Optional[str]
+    ssh_port: Optional[int]
+    ssh_identity_file: Optional[str]
     steps: int
     log_every: int
     plan_only: bool
@@ -149,6 +157,8 @@ def resolve(**overrides) -> Options:
     strategy_lib.get(options.strategy)
     if options.np is not None and options.np < 1:
         raise ConfigError(f"--np must be at least 1, got {options.np}")
+    if options.host_slots and not options.np:
+        raise ConfigError(f"--host_slots={options.host_slots} needs --np: the ranks to start on those hosts")
     if options.steps < 0:
         raise ConfigError(f"--steps must be >= 0, got {options.steps}")
     if options.partitions is not None and options.partitions < 1:

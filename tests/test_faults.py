@@ -87,3 +87,29 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_its_caller():
     time.sleep(1)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+
+
+def test_a_rank_stops_when_its_launcher_is_gone():
+    """A rank started through ssh outlives a killed launcher (its ssh client goes, the rank does
+    not): the watchdog sees the launcher's rendezvous server stop answering and ends the rank."""
+    rank = """if True:
+        import socket, sys, time
+        from parallax_tf.runtime import watchdog
+        def listening():
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); return s
+        launcher, peer = listening(), listening()
+        where = lambda s: "127.0.0.1:%d" % s.getsockname()[1]
+        watchdog.Watchdog(0, {0: "unused", 1: where(peer)}, interval=0.2, launcher=where(launcher)).start()
+        time.sleep(1)
+        print("alive", flush=True)
+        launcher.close()
+        time.sleep(20)
+        print("still running", flush=True)"""
+    began = time.time()
+    proc = subprocess.run([launch.PYTHON, "-c", rank], cwd=launch.ROOT, env=dict(os.environ, PYTHONPATH=launch.ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "alive\n", launch.tail(proc)
+    assert proc.returncode == 77, launch.tail(proc)
+    assert re.search(r"the launcher that started this rank \(127\.0\.0\.1:\d+\) is gone; stopping this rank",
+                     proc.stderr), launch.tail(proc)
+    assert time.time() - began < 20

@@ -97,10 +97,10 @@ def test_restarts_need_checkpoints():
     assert ptf_flags.resolve(max_restarts=0).max_restarts == 0
 
 
-def _on_two_hosts(argv, timeout=400):
+def _on_two_hosts(argv, timeout=400, ssh=False):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", sys.executable,
+    return subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", f"--ssh={ssh}", "--", sys.executable,
                            "tests/jobs/train_case.py", *argv], cwd=launch.ROOT, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True, env=dict(os.environ, PYTHONPATH=launch.ROOT))
 
@@ -156,16 +156,20 @@ def test_a_restart_goes_on_only_with_min_np_ranks(monkeypatch, tmp_path, capsys)
     assert "the host discovery script (exit 4) exited with status 4: no output; the job ends" in capsys.readouterr().err
 
 
-def test_two_emulated_hosts_restart_on_the_same_hosts():
-    """tools.cluster's launcher restarts the job on the same host list (rank 1 is host 1's first
-    rank: the PS state of its host dies with it)."""
+def test_two_hosts_reached_over_ssh_restart_on_the_same_hosts():
+    """The launcher starts the ranks of two emulated hosts through ssh (an sshd on each host, hosts
+    named by address, interfaces found by Horovod over ssh, as --host_slots does on real hosts) and
+    restarts the job on the same host list. Rank 1 is host 1's first rank: the PS state of its
+    host dies with it."""
     ckpt, out = tempfile.mkdtemp(prefix="ptf-restart-"), tempfile.mkdtemp(prefix="ptf-restart-")
     proc = _on_two_hosts(["--case=mixed_adagrad", f"--out={out}", "--log_every=0", f"--steps={STEPS}",
                           f"--ckpt_dir={ckpt}", f"--ckpt_every={EVERY}", f"--die_at_step={DIE_AT}", "--die_rank=1",
-                          "--die_once", "--max_restarts=1"])
+                          "--die_once", "--max_restarts=1"], ssh=True)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, launch.tail(proc)
+    assert "rank 1 on 198.18.0.2 exited with status 137; stopping the other ranks" in output, launch.tail(proc)
     assert "1 restart(s): rank 1 exited with status 137, resumed at step 4" in output, launch.tail(proc)
+    assert "HOROVOD_HOSTNAME" not in output      # the remote shell's note on the killed rank is dropped
     want = reference.train_single_device("mixed", "adagrad", 2, steps=STEPS)
     got = np.load(os.path.join(out, "mixed_adagrad.rank0.npz"))
     assert int(got["global_step"]) == STEPS and int(got["start_step"]) == 4

@@ -38,6 +38,11 @@ USER_ERRORS = {
     "config_ranks": (["-m", "models.lm", "--np", "2", "--steps", "-1"], "--steps must be >= 0, got -1"),
     "input_ranks": (["tests/jobs/bad_input_job.py", "--case=missing_placeholder", "--np=2"],
                     "input_fn did not provide placeholder(s) ['labels']; it returned keys ['ids']"),
+    "hosts_without_np": (["-m", "models.lm", "--host_slots", "a:2"], "--host_slots=a:2 needs --np"),
+    "too_few_slots": (["-m", "models.lm", "--np", "4", "--host_slots", "localhost:2"],
+                      "--np=4 but --host_slots=localhost:2 has 2 slots"),
+    "unreachable_host": (["-m", "models.lm", "--np", "2", "--host_slots", "nosuchhost.invalid:2"],
+                         "ssh cannot reach nosuchhost.invalid without a password"),
     "model": (["tests/jobs/bad_input_job.py", "--case=sign_of_sparse_gradient", "--steps=2"],
               "gradient transform op 'Sign' (Sign) changes the rows of sparse PS variable 'emb'"),
 }

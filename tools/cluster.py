@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from absl import app, flags
 
-from tools import cpu_quota, netns
+from tools import cpu_quota, netns, ssh_hosts
 
 flags.DEFINE_integer("hosts", 2, "Emulated hosts.")
 flags.DEFINE_integer("ranks_per_host", 1, "Ranks started on each host.")
@@ -28,6 +28,8 @@ flags.DEFINE_string("host_cpus", "auto", "CPUs each host may use: auto (the mach
 flags.DEFINE_float("cpu_period_ms", 100.0, "CFS period of the CPU quota: a host may use its share of it at once "
                    "(short periods throttle bursts too; the kernel needs a quota of at least 1 ms).")
 flags.DEFINE_string("slow_hosts", "", "HOST:FACTOR,...: these hosts get 1/FACTOR of their CPU share.")
+flags.DEFINE_bool("ssh", False, "Start an sshd on each host and the ranks through ssh, as parallax_tf's launcher "
+                  "starts them on real hosts (--host_slots); hosts are then named by address.")
 FLAGS = flags.FLAGS
 
 
@@ -35,15 +37,17 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
         delay: str = "1ms", env: Optional[dict] = None, on_ready=None, timeout_s: float = 0,
         host_cpus: str = "auto", slow_hosts: str = "", cpu_usage: Optional[Dict[int, float]] = None,
         max_restarts: int = 0, ckpt_dir: Optional[str] = None, min_np: Optional[int] = None,
-        discovery: Optional[str] = None) -> int:
+        discovery: Optional[str] = None, ssh: bool = False) -> int:
     """Runs `command` on hosts x ranks_per_host ranks; returns the job's exit status.
     `on_ready()` is called once the network exists, before any rank starts. With `timeout_s`,
     ranks still running after that long are stopped and the job fails. `cpu_usage`, if given,
     receives the CPU seconds each host used. `max_restarts`: when a rank dies, the job starts
     again and resumes from the latest checkpoint in `ckpt_dir`, on the hosts `discovery` still
-    lists (h0, h1, ...; all of them without it) if at least `min_np` ranks fit there."""
+    lists (h0, h1, ...; all of them without it) if at least `min_np` ranks fit there. `ssh`: the
+    ranks start through an sshd on each host (tools.ssh_hosts) and the hosts are named by address
+    (198.18.0.1, ...), as real hosts would be; else they enter their host's namespace directly."""
     from parallax_tf import threads as pool_threads
-    from parallax_tf.runtime import bind, launcher, quiet
+    from parallax_tf.runtime import bind, launcher, quiet, remote
     env = bind.preload_env(quiet.environment(dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"), False))
     shares = cpu_quota.quotas(hosts, host_cpus, cpu_quota.parse_slow_hosts(slow_hosts, hosts))
     if not netns.have_root():
@@ -78,17 +82,34 @@ def run(command: List[str], hosts: int, ranks_per_host: int = 1, bandwidth: str 
 
         def on_host(cmd, slot_info):
             host = int(slot_info.hostname[1:])
-            if not shares:
-                return f"ip netns exec {netns.host_ns(host)} {cmd}"
+            return f"{host_prefix(host)}ip netns exec {netns.host_ns(host)} {host_env_words(host)}{cmd}"
+
+        def host_prefix(host):
+            return f"{cpu_quota.join_prefix(host)} " if shares else ""
+
+        def host_env(host):
             # `ip netns exec` mounts a /sys of its own, without /sys/fs/cgroup: the rank learns its
             # host's quota from the environment (parallax_tf.threads)
-            return (f"{cpu_quota.join_prefix(host)} ip netns exec {netns.host_ns(host)} "
-                    f"env {pool_threads.HOST_CPUS_ENV}={shares[host]:g} {cmd}")
+            return {pool_threads.HOST_CPUS_ENV: f"{shares[host]:g}"} if shares else {}
 
-        spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
-        status = launcher.run_restarting(command, spec, hosts * ranks_per_host, emulated, {"eth0"},
-                                         netns.LAUNCHER_ADDRESS, max_restarts, ckpt_dir, min_np, discovery,
-                                         wrap=on_host, timeout_s=timeout_s)
+        def host_env_words(host):
+            return "".join(f"env {k}={v} " for k, v in host_env(host).items())
+
+        restart = dict(max_restarts=max_restarts, ckpt_dir=ckpt_dir, min_np=min_np, discovery=discovery,
+                       timeout_s=timeout_s)
+        if ssh:
+            names = [netns.host_address(i) for i in range(hosts)]
+            with ssh_hosts.SshHosts(hosts, {h: host_prefix(h) for h in range(hosts)},
+                                    {h: host_env(h) for h in range(hosts)}) as sshd:
+                reach = remote.Ssh(identity_file=sshd.identity_file)
+                nics, server_ip = remote.network(names, reach)
+                status = launcher.run_restarting(command, ",".join(f"{n}:{ranks_per_host}" for n in names),
+                                                 hosts * ranks_per_host, emulated, nics, server_ip, ssh=reach,
+                                                 **restart)
+        else:
+            spec = ",".join(f"{netns.host_name(i)}:{ranks_per_host}" for i in range(hosts))
+            status = launcher.run_restarting(command, spec, hosts * ranks_per_host, emulated, {"eth0"},
+                                             netns.LAUNCHER_ADDRESS, wrap=on_host, **restart)
         if shares:
             used = cpu_quota.usage_s()
             if cpu_usage is not None:
@@ -112,7 +133,7 @@ def main(argv):
     restart = launch.restart_options(command)
     try:
         status = run(command, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth, FLAGS.delay,
-                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts, **restart)
+                     host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts, ssh=FLAGS.ssh, **restart)
     except ValueError as err:
         raise app.UsageError(str(err))
     sys.exit(status)

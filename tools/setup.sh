@@ -58,14 +58,16 @@ if [ "${1:-}" = "--plan" ]; then
   exit 0
 fi
 
-# 1. System packages: OpenMPI so Horovod builds with both gloo and MPI (mpirun tests).
-if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+# 1. System packages: OpenMPI so Horovod builds with both gloo and MPI (mpirun tests); an ssh
+#    server for the tests that start ranks over ssh on emulated hosts (tools/ssh_hosts.py).
+if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1 || [ ! -x /usr/sbin/sshd ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing OpenMPI, cmake, iproute2 from Debian"
+    log "installing OpenMPI, cmake, iproute2, openssh from Debian"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin cmake g++ iproute2 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin cmake g++ iproute2 \
+      openssh-client openssh-server >/dev/null
   else
-    log "OpenMPI is missing and this is not a root Debian host: install libopenmpi-dev and openmpi-bin, or Horovod is built without MPI"
+    log "OpenMPI or sshd is missing and this is not a root Debian host: install libopenmpi-dev, openmpi-bin and openssh-server, or Horovod is built without MPI and the ssh tests fail"
   fi
 fi
 

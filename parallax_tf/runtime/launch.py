@@ -39,6 +39,13 @@ def restart_options(args) -> dict:
             "discovery": flag_value(args, "host_discovery_script")}
 
 
+def host_options(args) -> dict:
+    """Where a job's command line asks its ranks to run: --host_slots, --ssh_port, --ssh_identity_file."""
+    port = flag_value(args, "ssh_port")
+    return {"hosts": flag_value(args, "host_slots"), "ssh_port": int(port) if port and port.isdigit() else None,
+            "ssh_identity_file": flag_value(args, "ssh_identity_file")}
+
+
 def flag_value(args, name: str) -> Optional[str]:
     """The value of --name in a command line (absl's --name=V or --name V), None if absent."""
     found = None
@@ -77,18 +84,23 @@ def launch_if_asked(argv) -> None:
         return                         # python -c, a notebook: run() launches as before
     count = requested_ranks(argv[1:])
     if count > 1:
-        sys.exit(launch_local(count, quiet.verbose_in(argv), **restart_options(argv[1:])))
+        sys.exit(launch_local(count, quiet.verbose_in(argv), **restart_options(argv[1:]), **host_options(argv[1:])))
 
 
 def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, ckpt_dir: Optional[str] = None,
-                 min_np: Optional[int] = None, discovery: Optional[str] = None) -> int:
+                 min_np: Optional[int] = None, discovery: Optional[str] = None, hosts: Optional[str] = None,
+                 ssh_port: Optional[int] = None, ssh_identity_file: Optional[str] = None) -> int:
+    """Starts the launcher for `num_ranks` ranks of this command line (on this machine, or on
+    `hosts`) and returns the job's exit status."""
     # sys.orig_argv keeps `-m package.module`, so module entry points relaunch as they started.
     argv = list(sys.orig_argv[1:])
+    options = {"--max_restarts": max_restarts, "--ckpt_dir": ckpt_dir, "--min_np": min_np,
+               "--host_discovery_script": discovery, "--host_slots": hosts, "--ssh_port": ssh_port,
+               "--ssh_identity_file": ssh_identity_file}
     # run by path: see launcher.py for why it must not be started with -m
-    command = [sys.executable, LAUNCHER, "--np", str(num_ranks), "--max_restarts", str(max_restarts)] + \
-        (["--ckpt_dir", ckpt_dir] if ckpt_dir else []) + (["--min_np", str(min_np)] if min_np else []) + \
-        (["--host_discovery_script", discovery] if discovery else []) + (["--verbose"] if verbose else []) + \
-        ["--", sys.executable, *argv]
+    command = [sys.executable, LAUNCHER, "--np", str(num_ranks)] + \
+        [part for name, value in options.items() if value not in (None, "") for part in (name, str(value))] + \
+        (["--verbose"] if verbose else []) + ["--", sys.executable, *argv]
     env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     # The ranks run in their own session: a SIGTERM to this process must reach them too, or

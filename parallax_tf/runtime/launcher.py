@@ -30,6 +30,11 @@ import threading
 import types
 from typing import Callable, List, Optional
 
+if __package__:
+    from parallax_tf.runtime import remote
+else:                  # run as a script (see above): its folder is on the path, parallax_tf is not imported
+    import remote
+
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commits (parallax_tf.api)
 EXPENDABLE_FILE = "expendable.json"
@@ -42,7 +47,9 @@ NOISE = re.compile(
     r"|[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] "                          # absl / glog format
     r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.[\d ]+: [IWE] \S+:\d+\] "     # TF's and Horovod's own (unpadded us)
     r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags"
-    r"|Additional GRPC error information from remote target |:?UNKNOWN:Error received from peer ")  # gRPC's, continued
+    r"|Additional GRPC error information from remote target |:?UNKNOWN:Error received from peer "  # gRPC's, continued
+    r"|Warning: Permanently added '[^']*' \(\S+\) to the list of known hosts"     # ssh's, on a host's first visit
+    r"|bash: line \d+: +\d+ [A-Z][\w ]* +env HOROVOD_HOSTNAME=")    # a remote shell's note on a rank killed by a signal
 
 
 def is_noise(line: str) -> bool:
@@ -128,14 +135,16 @@ def _expendable(job_dir: str) -> dict:
 
 def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
         wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False,
-        failure: Optional[dict] = None) -> int:
+        failure: Optional[dict] = None, ssh: Optional[remote.Ssh] = None) -> int:
     """Runs `command` as `num_proc` ranks on `hosts` (Horovod's "h1:2,h2:2" syntax) and returns
     the job's status: the first failure of a rank the job could not lose, else 0. `wrap(cmd,
     slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace);
+    `ssh`: how to reach the hosts that are not this machine (without it every rank starts here);
     `verbose`: the ranks' log lines are not filtered; `failure` is filled with the rank that
     ended the job, its host, its status and whether it reported a user error."""
     from horovod.runner import gloo_run
     from horovod.runner.common.util import safe_shell_exec
+    elsewhere = remote.remote_hosts(list(host_slots(hosts))) if ssh else set()
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
     env = dict(env, **{JOB_DIR_ENV: job_dir})
     settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
@@ -161,7 +170,11 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         rank = slot_info.rank
         events = list(events or []) + [stop_all]
         errors = RankOutput(rank, sys.stderr, output, holds=True)
-        code = safe_shell_exec.execute(wrap(cmd, slot_info) if wrap else cmd, events=events,
+        if wrap:
+            cmd = wrap(cmd, slot_info)
+        if slot_info.hostname in elsewhere:
+            cmd = remote.remote_command(cmd, slot_info.hostname, ssh)
+        code = safe_shell_exec.execute(cmd, events=events,
                                        stdout=RankOutput(rank, sys.stdout, output), stderr=errors)
         errors.release(job_was_ending=stop_all.is_set())
         if code == 0:
@@ -230,9 +243,11 @@ def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nic
         print(f"{USER_ERROR_PREFIX}--min_np={min_np}: give a rank count from 1 to the {num_proc} the job starts with",
               file=sys.stderr, flush=True)
         return USER_ERROR_STATUS
-    # in-memory commits (--commit_every) outlive the ranks here, in memory where there is a tmpfs
+    # in-memory commits (--commit_every) outlive the ranks here, in memory where there is a tmpfs;
+    # rank 0 writes them, so only when it runs on this machine
     commits = tempfile.mkdtemp(prefix="parallax-commits-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-    env = dict(env, **{COMMIT_DIR_ENV: commits})
+    if not (options.get("ssh") and remote.remote_hosts(list(host_slots(hosts))[:1])):
+        env = dict(env, **{COMMIT_DIR_ENV: commits})
     try:
         while True:
             failure: dict = {}
@@ -322,7 +337,10 @@ def latest_checkpoint_step(ckpt_dir: Optional[str]) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, required=True, help="ranks on this host")
+    parser.add_argument("--np", type=int, required=True, help="ranks")
+    parser.add_argument("--host_slots", default=None, help="hosts and their slots, h1:4,h2:4 (default: this machine)")
+    parser.add_argument("--ssh_port", type=int, default=None, help="ssh port of the other hosts")
+    parser.add_argument("--ssh_identity_file", default=None, help="ssh key for the other hosts")
     parser.add_argument("--verbose", action="store_true", help="keep the ranks' log lines")
     parser.add_argument("--max_restarts", type=int, default=0, help="restarts after a rank dies")
     parser.add_argument("--ckpt_dir", default=None, help="where the job checkpoints (for the restart summary)")
@@ -333,9 +351,20 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the rank's command after --")
-    return run_restarting(command, f"localhost:{args.np}", args.np, dict(os.environ), {"lo"}, "127.0.0.1",
+    hosts = placed_on(host_slots(args.host_slots), args.np) if args.host_slots else f"localhost:{args.np}"
+    if sum(host_slots(hosts).values()) < args.np:
+        print(f"{USER_ERROR_PREFIX}--np={args.np} but --host_slots={args.host_slots} has {sum(host_slots(hosts).values())} "
+              "slots: give each host its slots (host:slots) or fewer ranks", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
+    ssh = remote.Ssh(args.ssh_port, args.ssh_identity_file)
+    try:
+        nics, server_ip = remote.network(list(host_slots(hosts)), ssh)
+    except remote.RemoteHostError as err:
+        print(f"{USER_ERROR_PREFIX}{err}", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
+    return run_restarting(command, hosts, args.np, dict(os.environ), nics, server_ip,
                           args.max_restarts, args.ckpt_dir, args.min_np, args.host_discovery_script,
-                          verbose=args.verbose)
+                          verbose=args.verbose, ssh=ssh)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ wakeup pipe that this thread watches.
 Peers in `expendable` (ranks the job can go on without) are only noted when they stop
 answering: they drop out of `alive()` and this rank goes on.
 
-A third way out: a wait under `deadline()` that outlives it. TF cancels a step at its timeout,
+A rank started through ssh outlives a launcher that is killed or stopped (the ssh client goes,
+the rank does not), so the launcher's rendezvous server (`launcher`) is probed too: when it stops
+answering, this rank stops.
+
+A fourth way out: a wait under `deadline()` that outlives it. TF cancels a step at its timeout,
 but a Horovod collective ignores the cancellation, so ranks waiting in different collectives
 (each answering the probes) would otherwise wait forever."""
 from __future__ import annotations
@@ -21,16 +25,24 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, Iterable, Set
+from typing import Dict, Iterable, Optional, Set
 
 LOST_RANK_EXIT = 75
 STALLED_EXIT = 76
+LAUNCHER_GONE_EXIT = 77
+
+
+def launcher_address() -> Optional[str]:
+    """host:port of the gloo rendezvous server of the launcher that started this rank, if any."""
+    host, port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    return f"{host}:{port}" if host and port else None
 
 
 class Watchdog:
     def __init__(self, rank: int, peers: Dict[int, str], interval: float = 1.0, misses: int = 2,
-                 expendable: Iterable[int] = ()):
+                 expendable: Iterable[int] = (), launcher: Optional[str] = None):
         self.rank, self.interval, self.misses = rank, interval, misses
+        self.launcher = launcher
         self.peers = {r: a for r, a in peers.items() if r != rank}
         self.everyone = set(peers) | {rank}
         self.expendable = set(expendable) - {rank}
@@ -76,7 +88,7 @@ class Watchdog:
         return self.everyone - set(self.gone)
 
     def _watch(self) -> None:
-        missed, strikes = 0, {}
+        missed, strikes, launcher_missed = 0, {}, 0
         while not self._stop.is_set():
             if self._wake_r is not None:
                 ready, _, _ = select.select([self._wake_r], [], [], self.interval)
@@ -91,6 +103,13 @@ class Watchdog:
                 _, what, seconds = overdue[0]
                 self._die(f"{what} has not finished after {seconds:.0f}s (TF's timeout cannot interrupt a "
                           "Horovod collective: the ranks are probably waiting in different ones)", STALLED_EXIT)
+            if self.launcher:
+                launcher_missed = 0 if _answers(self.launcher, self.interval) else launcher_missed + 1
+                if launcher_missed > self.misses:
+                    sys.stderr.write(f"parallax_tf rank {self.rank}: the launcher that started this rank "
+                                     f"({self.launcher}) is gone; stopping this rank\n")
+                    sys.stderr.flush()
+                    os._exit(LAUNCHER_GONE_EXIT)
             unreachable = self._unreachable()
             for rank in self.expendable - set(self.gone):
                 strikes[rank] = strikes.get(rank, 0) + 1 if rank in unreachable else 0
@@ -108,15 +127,7 @@ class Watchdog:
         sys.stderr.flush()
 
     def _unreachable(self) -> Dict[int, str]:
-        gone = {}
-        for rank, address in list(self.peers.items()):
-            host, port = address.rsplit(":", 1)
-            try:
-                with socket.create_connection((host, int(port)), timeout=min(2.0, self.interval * 2)):
-                    pass
-            except OSError:
-                gone[rank] = address
-        return gone
+        return {rank: address for rank, address in list(self.peers.items()) if not _answers(address, self.interval)}
 
     def lost(self) -> str:
         """The peers that no longer answer, as 'rank 2 (host:port)', for error messages. A peer
@@ -136,3 +147,13 @@ class Watchdog:
                          "restart the job to resume from the last checkpoint\n")
         sys.stderr.flush()
         os._exit(code)
+
+
+def _answers(address: str, interval: float) -> bool:
+    """Whether something accepts TCP connections at host:port."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(2.0, interval * 2)):
+            return True
+    except OSError:
+        return False
