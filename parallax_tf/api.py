@@ -101,7 +101,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     remote = session.remote_tasks(graph, topo.rank)
     sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, remote,
                                 in_process=session.alone(remote, topo.rank, topo.size))
-    hooks, checkpointer, committer = _hooks(opts, topo, store, commits, state_io, sess)
+    hooks, checkpointer, committer = _hooks(opts, topo, store, commits, state_io, sess, plan.global_step_key)
     hooks += user_hooks
     results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
@@ -232,17 +232,17 @@ def _start_values(stores, captured, state_io):
     return {key: values[key] for key in state_io.entries}
 
 
-def _hooks(opts, topo, store, commits, state_io, sess):
+def _hooks(opts, topo, store, commits, state_io, sess, step_key):
     """Rank 0 watches and writes; every rank takes part in checkpoints and commits when reading
     the state is collective (state averaged over ranks)."""
     hooks, checkpointer, committer = [], None, None
     if store is not None and (topo.is_chief or state_io.collective):
         checkpointer = Checkpointer(store if topo.is_chief else None, lambda: state_io.read(sess),
-                                    opts.ckpt_every, opts.ckpt_secs)
+                                    opts.ckpt_every, opts.ckpt_secs, step_key=step_key)
         hooks.append(checkpointer)
     if commits is not None and (topo.is_chief or state_io.collective):
         committer = Checkpointer(commits if topo.is_chief else None, lambda: state_io.read(sess),
-                                 opts.commit_every, 0, at_end=False)
+                                 opts.commit_every, 0, at_end=False, step_key=step_key)
         hooks.append(committer)
     if not topo.is_chief:
         return hooks, checkpointer, committer

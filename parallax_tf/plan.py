@@ -34,6 +34,7 @@ ROUTE_ASYNC_PS = "async_ps"
 ROUTE_FC_NODE = "fc_node"
 ROUTE_STAGE = "stage"
 KNOWN_ROUTES = (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS, ROUTE_FC_NODE, ROUTE_STAGE)
+TOOLKIT_GLOBAL_STEP = "parallax_global_step"    # the global step a rewrite adds when the model has none
 
 
 @dataclasses.dataclass
@@ -180,6 +181,11 @@ class Plan:
         return cls(variables=variables, split=split, pipeline=pipeline, **raw)
 
     # ---- display ---------------------------------------------------------------------------
+    @property
+    def global_step_key(self) -> str:
+        """The global step's name in the graph and in checkpoints: the model's own, else the toolkit's."""
+        return self.global_step or TOOLKIT_GLOBAL_STEP
+
     def table(self) -> str:
         header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
         rows = [header]
@@ -196,7 +202,7 @@ class Plan:
         total = sum(v.bytes_per_step for v in self.variables)
         lines.append(f"strategy={self.strategy} ranks={self.num_ranks} hosts={self.num_hosts} "
                      f"local_aggregation={self.local_aggregation} "
-                     f"global_step={self.global_step or 'parallax_global_step'} "
+                     f"global_step={self.global_step_key} "
                      f"est. bytes/step/rank={human_bytes(total)}")
         if self.devices:
             lines.append(f"devices: {self.devices}")

@@ -213,6 +213,25 @@ def test_a_checkpoint_drains_the_pipeline_and_resume_continues_exactly():
                 np.testing.assert_allclose(r[key], got[0][key], rtol=1e-6, atol=1e-7)
 
 
+def test_a_killed_stage_restarts_from_the_drained_checkpoint_and_ends_exactly():
+    """Stage 1 dies at batch 6 under --max_restarts: every stage restarts from step 4's
+    checkpoint (the pipeline drained there) and the job ends as the reference that drains every
+    4 batches."""
+    ckpt, out = tempfile.mkdtemp(prefix="ptf-dsp-ckpt-"), tempfile.mkdtemp(prefix="ptf-dsp-restart-")
+    proc = launch.run_ranks(1, ["tests/jobs/dsp_job.py", out, "mlp_sgd", "--np=3", "--die=1:6", f"--ckpt_dir={ckpt}",
+                                "--ckpt_every=4", "--dsp_cuts=concat:0,hidden2/Tanh:0", "--max_restarts=1"],
+                            launcher="python", env={"DSP_JOB_STEPS": "12"}, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, launch.tail(proc)
+    assert "1 restart(s): rank 1 exited with status 137, resumed at step 4" in output, launch.tail(proc)
+    got = results(out, "mlp_sgd", 3)
+    want, _ = reference("mlp_sgd", Plan.from_json(str(got[0]["plan"])), 12, segment=4)
+    for r in got:
+        assert int(r["global_step"]) == 12 and int(r["start_step"]) == 4
+        for var, value in want.items():
+            assert ref_lib.relative_error(r[f"var:{var}"], value) <= 1e-5, var
+
+
 def test_a_killed_stage_is_named():
     out = tempfile.mkdtemp(prefix="ptf-dsp-kill-")
     proc = launch.run_ranks(3, ["tests/jobs/dsp_job.py", out, "mlp_sgd", "--die=1:5", "--timeout_s=30"],

@@ -127,11 +127,12 @@ def test_three_async_ranks_learn():
 KILL_STEPS, KILL_AT = 300, 3
 
 
-def _kill_run(victim: int):
+def _kill_run(victim: int, extra=()):
     out = tempfile.mkdtemp(prefix="ptf-psplus-kill-")
     proc = launch.run_ranks(1, ["tests/jobs/train_case.py", "--np=3", "--case=mixed_momentum", f"--out={out}",
                                 "--strategy=ps_plus", f"--steps={KILL_STEPS}", "--log_every=0",
-                                f"--die_at_step={KILL_AT}", f"--die_rank={victim}"], launcher="python", timeout=240)
+                                f"--die_at_step={KILL_AT}", f"--die_rank={victim}", *extra], launcher="python",
+                            timeout=240)
     return proc, out
 
 
@@ -163,6 +164,25 @@ def test_a_killed_server_rank_stops_the_job_and_is_named():
     assert "rank 0 on localhost exited with status 137; stopping the other ranks" in output
     assert re.search(r"parallax_tf rank [12]: .*lost: rank 0 \(", output), launch.tail(proc)
     assert not [f for f in os.listdir(out) if f.endswith(".npz")]
+
+
+def test_a_killed_server_rank_restarts_the_job_from_its_checkpoint():
+    """With --max_restarts the server rank's death restarts every rank: the job resumes at the
+    checkpoint's global step, ends at the requested one, and the ranks agree on the values."""
+    ckpt = tempfile.mkdtemp(prefix="ptf-psplus-ckpt-")
+    proc, out = _kill_run(victim=0, extra=[f"--ckpt_dir={ckpt}", "--ckpt_every=10", "--max_restarts=1",
+                                                 "--die_once", "--die_at_step=40"])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, launch.tail(proc)
+    resumed = re.search(r"1 restart\(s\): rank 0 exited with status 137, resumed at step (\d+)", output)
+    assert resumed, launch.tail(proc)
+    ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in range(3)]
+    assert [int(r["start_step"]) for r in ranks] == [int(resumed.group(1))] * 3
+    assert 0 < int(resumed.group(1)) < KILL_STEPS
+    assert [int(r["global_step"]) for r in ranks] == [KILL_STEPS] * 3
+    for key in (k for k in ranks[0].files if k.startswith("var:")):
+        for other in ranks[1:]:
+            np.testing.assert_array_equal(other[key], ranks[0][key])
 
 
 def test_two_hosts_every_push_reaches_every_server_task():

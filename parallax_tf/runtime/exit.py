@@ -4,8 +4,9 @@ An uncaught UserError (ConfigError, ModelError, InputError) ends the program wit
 `parallax_tf: error: <message>`, on stderr and exit status 2; --verbose or PARALLAX_TRACEBACK=1
 shows the traceback as well. A Diverged run ends with its traceback and status 3 (a restart
 would diverge again). Any other exception keeps its traceback, and one raised inside the
-toolkit's own code, not a lost peer's ClusterError, says how to report it. Only the top level is affected (sys.excepthook): a run() called
-from a notebook or a test still raises."""
+toolkit's own code, not a lost peer's ClusterError, says how to report it. A rank that stops
+because a peer was lost ends with its one-line message naming the peer (status 1). Only the top
+level is affected (sys.excepthook): a run() called from a notebook or a test still raises."""
 from __future__ import annotations
 
 import os
@@ -35,6 +36,10 @@ def install() -> None:
             _flush()
             os.write(2, (PREFIX + " ".join(str(value).split("\n")) + "\n").encode())
             os._exit(USER_ERROR_STATUS)    # past Horovod's atexit shutdown, which would wait for peers
+        if _is_peer_lost(value) and not wants_traceback():     # its message names the peer: the rest is noise
+            _flush()
+            os.write(2, (" ".join(str(value).split("\n")) + "\n").encode())
+            os._exit(PEER_LOST_STATUS)     # past Horovod's atexit shutdown, which would wait for the lost peer
         previous(kind, value, tb)
         if isinstance(value, Diverged):        # the same run diverges again: no restart
             _flush()
@@ -49,6 +54,12 @@ def install() -> None:
 
 
 REPORT_WAIT_S = 60
+PEER_LOST_STATUS = 1
+
+
+def _is_peer_lost(value) -> bool:
+    session = sys.modules.get("parallax_tf.runtime.session")    # not loaded: none was raised
+    return session is not None and isinstance(value, session.PeerLost)
 
 
 def _bounded(call) -> None:

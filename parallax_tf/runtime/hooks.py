@@ -122,13 +122,13 @@ class Progress(Hook):
 class Checkpointer(Hook):
     """Saves every `every` steps and/or `secs` seconds, and at the end of training.
 
-    Rank 0 holds the store and writes. When reading the state is collective, every rank has a
+    Rank 0 holds the store and writes; `step_key` names the global step among the state's values. When reading the state is collective, every rank has a
     Checkpointer (store None) and reads at the same steps: by step count, or when rank 0's
     clock asked for one through the step's collective report."""
 
     def __init__(self, store: Optional[CheckpointStore], read_state, every: int, secs: float,
-                 at_end: bool = True):
-        self.store, self.read_state = store, read_state
+                 at_end: bool = True, step_key: Optional[str] = None):
+        self.store, self.read_state, self.step_key = store, read_state, step_key
         self.every, self.secs, self.at_end = every, secs, at_end
         self.last_time = time.monotonic()
         self.last_step: Optional[int] = None
@@ -154,7 +154,9 @@ class Checkpointer(Hook):
         began = time.perf_counter()
         values = self.read_state()
         if self.store is not None:
-            self.last_path = self.store.save(values, step)
+            # named by the global step it holds: an asynchronous run's step moves on while it is read
+            saved = int(values[self.step_key]) if self.step_key in values else step
+            self.last_path = self.store.save(values, saved)
             self.bytes = sum(np.asarray(v).nbytes for v in values.values())
         self.seconds.append(time.perf_counter() - began)
         self.last_step, self.last_time = step, time.monotonic()

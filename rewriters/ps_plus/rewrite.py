@@ -24,7 +24,7 @@ import tensorflow as tf
 from parallax_tf import ops, training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import WRITE_OPS, logical_name
-from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_LOCAL
+from parallax_tf.plan import ROUTE_ASYNC_PS, ROUTE_LOCAL, TOOLKIT_GLOBAL_STEP
 from parallax_tf.runtime.barriers import ArrivalBarrier
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from parallax_tf.values import Part
@@ -54,7 +54,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     global_step = training.global_step
     if global_step is None:
         with tf.device("/job:ps/task:0"):
-            global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step",
+            global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name=TOOLKIT_GLOBAL_STEP,
                                       use_resource=True)
     if global_step.dtype.base_dtype != tf.int64:
         raise ModelError(f"ps_plus counts pushes in the global step, which must be int64; {global_step.op.name} "

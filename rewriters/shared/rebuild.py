@@ -11,7 +11,7 @@ import tensorflow as tf
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import logical_name
-from parallax_tf.plan import ROUTE_PS, Plan
+from parallax_tf.plan import ROUTE_PS, TOOLKIT_GLOBAL_STEP, Plan
 from parallax_tf.strategy import BuildRequest
 from parallax_tf.values import Part
 from rewriters.shared.transform import rewire
@@ -223,7 +223,7 @@ def advancing_global_step(training, device: str):
     step, target = training.global_step, training.train_op
     if step is None:
         with tf.device(device):
-            step = tf.Variable(0, dtype=tf.int64, trainable=False, name="parallax_global_step", use_resource=True)
+            step = tf.Variable(0, dtype=tf.int64, trainable=False, name=TOOLKIT_GLOBAL_STEP, use_resource=True)
         with tf.control_dependencies([target]), tf.compat.v1.colocate_with(step):
             target = step.assign_add(1).op
     return target, step

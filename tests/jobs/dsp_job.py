@@ -2,7 +2,8 @@
 rank got into OUT/<name>.rank<r>.npz (variables, losses, global step, the plan).
 
 usage: dsp_job.py OUT NAME [NAME ...] [--parallax_tf flags] [--die=RANK:BATCH]
---die=RANK:BATCH: rank RANK kills itself (SIGKILL) once stage 0 has read batch BATCH."""
+--die=RANK:BATCH: rank RANK kills itself (SIGKILL) once stage 0 has read batch BATCH, once (a
+restarted job goes on: OUT/died says it happened)."""
 import os
 import sys
 import threading
@@ -19,22 +20,23 @@ def _rank() -> int:
     return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 
-def _die_later(stamp: str) -> None:
+def _die_later(stamp: str, died: str) -> None:
     while not os.path.exists(stamp):
         time.sleep(0.02)
+    open(died, "w").close()
     os.kill(os.getpid(), 9)
 
 
 def main(out, names, die):
-    stamp = os.path.join(out, "stamp")
-    if die and _rank() == die[0]:
-        threading.Thread(target=_die_later, args=(stamp,), daemon=True).start()
+    stamp, died = os.path.join(out, "stamp"), os.path.join(out, "died")
+    if die and _rank() == die[0] and not os.path.exists(died):
+        threading.Thread(target=_die_later, args=(stamp, died), daemon=True).start()
     steps = int(os.environ.get("DSP_JOB_STEPS", dsp_models.BATCHES))
     for name in names:
         model_fn, inner, _ = dsp_models.MODELS[name]
 
         def input_fn(ctx, inner=inner):
-            if die and ctx.step == die[1]:
+            if die and ctx.step == die[1] and not os.path.exists(died):
                 open(stamp, "w").close()
             return inner(ctx)
         result = ptf.run(model_fn, input_fn, steps=steps, strategy="dsp", log_every=0)
