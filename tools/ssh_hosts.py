@@ -82,6 +82,15 @@ class SshHosts:
             time.sleep(0.1)
 
     def __exit__(self, *_) -> None:
+        # every process in the hosts' namespaces: sshd forks each connection into a session of its
+        # own, which would outlive the listener and, once the namespace is gone, hang its client
+        for host in range(len(self.procs)):
+            listed = subprocess.run(["ip", "netns", "pids", netns.host_ns(host)], capture_output=True, text=True)
+            for pid in listed.stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, 15)
