@@ -156,6 +156,25 @@ def test_a_restart_goes_on_only_with_min_np_ranks(monkeypatch, tmp_path, capsys)
     assert "the host discovery script (exit 4) exited with status 4: no output; the job ends" in capsys.readouterr().err
 
 
+def test_in_memory_commits_need_rank_0_on_the_launching_machine(monkeypatch):
+    """The launcher keeps commits in its own /dev/shm: it offers them (PARALLAX_COMMIT_DIR) only
+    when rank 0, which writes them, runs on the launching machine."""
+    from parallax_tf.runtime import launcher, remote
+    envs = []
+
+    def run(command, hosts, num_proc, env, nics, server_ip, failure, **options):
+        envs.append(env)
+        return 0
+    monkeypatch.setattr(launcher, "run", run)
+    monkeypatch.setattr(remote, "remote_hosts", lambda names: {n for n in names if n != "here"})
+    ssh = remote.Ssh()
+    for hosts, offered in [("here:1,there:1", True), ("there:1,here:1", False)]:
+        assert launcher.run_restarting(["job"], hosts, 2, {}, {"eth0"}, "10.0.0.1", ssh=ssh) == 0
+        assert (launcher.COMMIT_DIR_ENV in envs[-1]) == offered, hosts
+    assert launcher.run_restarting(["job"], "there:2", 2, {}, {"eth0"}, "10.0.0.1") == 0    # no ssh: all here
+    assert launcher.COMMIT_DIR_ENV in envs[-1]
+
+
 def test_two_hosts_reached_over_ssh_restart_on_the_same_hosts():
     """The launcher starts the ranks of two emulated hosts through ssh (an sshd on each host, hosts
     named by address, interfaces found by Horovod over ssh, as --host_slots does on real hosts) and
