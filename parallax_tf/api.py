@@ -25,8 +25,7 @@ from parallax_tf.runtime import launch, launcher, placement, quiet, session
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, Progress, StepStats, StepTracer, Summaries,
                                       format_histogram)
 from parallax_tf.runtime.runner import RunInputs
-from parallax_tf.runtime import watchdog as watchdog_lib
-from parallax_tf.runtime.watchdog import Watchdog
+from parallax_tf.runtime.watchdog import Watchdog, launcher_address
 from parallax_tf.values import StateIO, collect_state
 
 _RUN_IDS = itertools.count()
@@ -52,7 +51,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
                                      opts.host_slots, opts.ssh_port, opts.ssh_identity_file))
     if opts.commit_every and not os.environ.get(launcher.COMMIT_DIR_ENV):
         raise ConfigError(f"--commit_every={opts.commit_every}: in-memory commits need parallax_tf's launcher "
-                          "(--np N, or tools.cluster) with rank 0 on the launching machine, which keeps them across restarts")
+                          "(--np N, or tools.cluster) with rank 0 on the launching machine, which keeps them "
+                          "across restarts")
     _bound_horovod_stalls(opts.timeout_s)
     if opts.timeline_file:   # read by hvd.init(): Horovod's own timeline beside the TF step trace
         os.environ.setdefault("HOROVOD_TIMELINE", opts.timeline_file + ".horovod.json")
@@ -196,7 +196,7 @@ def _watchdog(topo, cluster, dgraph) -> Watchdog:
     if topo.is_chief and expendable:
         launcher.write_expendable(expendable, dgraph.survivable_loss)
     return Watchdog(topo.rank, dict(enumerate(cluster.spec["worker"])), expendable=expendable,
-                    launcher=watchdog_lib.launcher_address()).start()
+                    launcher=launcher_address()).start()
 
 
 def _owners(plan, keys) -> dict:

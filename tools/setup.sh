@@ -67,7 +67,8 @@ if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1 ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin cmake g++ iproute2 \
       openssh-client openssh-server >/dev/null
   else
-    log "OpenMPI or sshd is missing and this is not a root Debian host: install libopenmpi-dev, openmpi-bin and openssh-server, or Horovod is built without MPI and the ssh tests fail"
+    log "OpenMPI or sshd is missing and this is not a root Debian host: install libopenmpi-dev, openmpi-bin and"
+    log "openssh-server, or Horovod is built without MPI and the ssh tests fail"
   fi
 fi
 

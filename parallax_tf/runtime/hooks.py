@@ -122,9 +122,10 @@ class Progress(Hook):
 class Checkpointer(Hook):
     """Saves every `every` steps and/or `secs` seconds, and at the end of training.
 
-    Rank 0 holds the store and writes; `step_key` names the global step among the state's values. When reading the state is collective, every rank has a
-    Checkpointer (store None) and reads at the same steps: by step count, or when rank 0's
-    clock asked for one through the step's collective report."""
+    Rank 0 holds the store and writes; `step_key` names the global step among the state's
+    values. When reading the state is collective, every rank has a Checkpointer (store None) and
+    reads at the same steps: by step count, or when rank 0's clock asked for one through the
+    step's collective report."""
 
     def __init__(self, store: Optional[CheckpointStore], read_state, every: int, secs: float,
                  at_end: bool = True, step_key: Optional[str] = None):

@@ -352,9 +352,10 @@ def main(argv=None) -> int:
     if not command:
         parser.error("give the rank's command after --")
     hosts = placed_on(host_slots(args.host_slots), args.np) if args.host_slots else f"localhost:{args.np}"
-    if sum(host_slots(hosts).values()) < args.np:
-        print(f"{USER_ERROR_PREFIX}--np={args.np} but --host_slots={args.host_slots} has {sum(host_slots(hosts).values())} "
-              "slots: give each host its slots (host:slots) or fewer ranks", file=sys.stderr, flush=True)
+    slots = sum(host_slots(hosts).values())
+    if slots < args.np:
+        print(f"{USER_ERROR_PREFIX}--np={args.np} but --host_slots={args.host_slots} has {slots} slots: give each "
+              "host its slots (host:slots) or fewer ranks", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS
     ssh = remote.Ssh(args.ssh_port, args.ssh_identity_file)
     try:

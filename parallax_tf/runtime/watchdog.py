@@ -8,9 +8,9 @@ wakeup pipe that this thread watches.
 Peers in `expendable` (ranks the job can go on without) are only noted when they stop
 answering: they drop out of `alive()` and this rank goes on.
 
-A rank started through ssh outlives a launcher that is killed or stopped (the ssh client goes,
-the rank does not), so the launcher's rendezvous server (`launcher`) is probed too: when it stops
-answering, this rank stops.
+A third way out: the launcher's rendezvous server (`launcher`) stops answering. A rank started
+through ssh would otherwise outlive a launcher that is killed or stopped (the ssh client goes,
+the rank does not).
 
 A fourth way out: a wait under `deadline()` that outlives it. TF cancels a step at its timeout,
 but a Horovod collective ignores the cancellation, so ranks waiting in different collectives
