@@ -5,14 +5,15 @@ An uncaught UserError (ConfigError, ModelError, InputError) ends the program wit
 shows the traceback as well. A Diverged run ends with its traceback and status 3 (a restart
 would diverge again). Any other exception keeps its traceback, and one raised inside the
 toolkit's own code, not a lost peer's ClusterError, says how to report it. A rank that stops
-because a peer was lost ends with its one-line message naming the peer (status 1). Only the top
+because a peer was lost ends with its one-line message naming the peer (status 75). Only the top
 level is affected (sys.excepthook): a run() called from a notebook or a test still raises."""
 from __future__ import annotations
 
 import os
 import sys
 
-from parallax_tf.runtime.launcher import DIVERGED_STATUS, USER_ERROR_PREFIX as PREFIX, USER_ERROR_STATUS
+from parallax_tf.runtime.launcher import (DIVERGED_STATUS, PEER_LOST_STATUS, USER_ERROR_PREFIX as PREFIX,
+                                          USER_ERROR_STATUS)
 from parallax_tf.runtime.quiet import verbose_in
 
 _PACKAGES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), name)
@@ -54,7 +55,6 @@ def install() -> None:
 
 
 REPORT_WAIT_S = 60
-PEER_LOST_STATUS = 1
 
 
 def _is_peer_lost(value) -> bool:

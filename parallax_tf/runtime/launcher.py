@@ -10,7 +10,9 @@ Horovod's own launcher stops every rank when any rank fails. Here the job decide
 knows which ranks it can lose (a strategy whose ranks never wait for each other can lose any
 rank that holds no server state), rank 0 writes them to $PARALLAX_JOB_DIR/expendable.json.
 When one of those exits, the others go on and the job's status is theirs; when any other
-rank fails, every rank is stopped, as horovodrun does.
+rank fails, every rank is stopped, as horovodrun does. The rank named as the job's cause (and
+restarted for) is the one that failed, not one that stopped because it lost that peer (status
+PEER_LOST_STATUS): such a rank's exit waits a moment for the peer's own.
 
 The ranks' output is the job's one stream (RankOutput): rank 0's lines as they are, another
 rank's prefixed `[rank N]`, a user error every rank reports printed once, and TensorFlow's,
@@ -41,6 +43,8 @@ EXPENDABLE_FILE = "expendable.json"
 USER_ERROR_PREFIX = "parallax_tf: error: "    # a rank's one-line end on a user error (runtime/exit.py)
 USER_ERROR_STATUS = 2
 DIVERGED_STATUS = 3      # a rank whose loss became NaN/Inf (runtime/exit.py): restarting would diverge again
+PEER_LOST_STATUS = 75    # a rank that stopped because a peer was lost (runtime/exit.py, watchdog.py)
+CAUSE_WAIT_S = 5.0       # how long such a rank's exit waits for the lost peer's own to be seen
 # Start-up notices and C++ log lines of TensorFlow, absl, oneDNN, gRPC and Horovod
 NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
@@ -153,6 +157,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     output = JobOutput(verbose, stop_all)
     signalled = threading.Event()     # a SIGINT or SIGTERM to this process (the ranks' stop event too)
     failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
+    cause_known = threading.Event()   # set: the rank that ended the job is in `failure`
     lock = threading.Lock()
     timer = None
     if timeout_s:
@@ -188,14 +193,21 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
             print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
                   f"the other ranks go on without it ({survivable['why']})", file=sys.stderr, flush=True)
             return 0, 0.0
-        if not (code == USER_ERROR_STATUS and rank in output.user_error_ranks):    # it said why
+        if code == PEER_LOST_STATUS:      # the lost peer ended the job: its exit, if it exits, names the cause
+            cause_known.wait(CAUSE_WAIT_S)
+        with lock:
+            is_cause = not cause_known.is_set()
+            if is_cause:
+                failures.insert(0, code)
+                if failure is not None:
+                    failure.update(rank=rank, host=slot_info.hostname, status=code,
+                                   user_error=code == USER_ERROR_STATUS and rank in output.user_error_ranks)
+                cause_known.set()
+            else:
+                failures.append(code)
+        if is_cause and not (code == USER_ERROR_STATUS and rank in output.user_error_ranks):    # it said why
             print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
                   "stopping the other ranks", file=sys.stderr, flush=True)
-        with lock:
-            failures.insert(0, code)
-            if failure is not None and not failure:
-                failure.update(rank=rank, host=slot_info.hostname, status=code,
-                               user_error=code == USER_ERROR_STATUS and rank in output.user_error_ranks)
         stop_all.set()
         return 0, 0.0
 

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Dict, Iterable, Optional, Set
 
-LOST_RANK_EXIT = 75
+LOST_RANK_EXIT = 75     # launcher.PEER_LOST_STATUS: the launcher blames the lost peer, not this rank
 STALLED_EXIT = 76
 LAUNCHER_GONE_EXIT = 77
 
