@@ -34,13 +34,9 @@ def install() -> None:
         if isinstance(value, UserError):
             if wants_traceback():
                 previous(kind, value, tb)
-            _flush()
-            os.write(2, (PREFIX + " ".join(str(value).split("\n")) + "\n").encode())
-            os._exit(USER_ERROR_STATUS)    # past Horovod's atexit shutdown, which would wait for peers
+            _end_with_line(PREFIX + str(value), USER_ERROR_STATUS)
         if _is_peer_lost(value) and not wants_traceback():     # its message names the peer: the rest is noise
-            _flush()
-            os.write(2, (" ".join(str(value).split("\n")) + "\n").encode())
-            os._exit(PEER_LOST_STATUS)     # past Horovod's atexit shutdown, which would wait for the lost peer
+            _end_with_line(str(value), PEER_LOST_STATUS)
         previous(kind, value, tb)
         if isinstance(value, Diverged):        # the same run diverges again: no restart
             _flush()
@@ -76,6 +72,14 @@ def _bounded(call) -> None:
     waiter = threading.Thread(target=run, daemon=True)
     waiter.start()
     waiter.join(REPORT_WAIT_S)
+
+
+def _end_with_line(text: str, status: int) -> None:
+    """`text` as one line on stderr, then exit past Horovod's atexit shutdown, which would wait
+    for peers (a lost one among them)."""
+    _flush()
+    os.write(2, (" ".join(text.split("\n")) + "\n").encode())
+    os._exit(status)
 
 
 def _flush() -> None:
