@@ -21,7 +21,7 @@ from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
-from parallax_tf.runtime import launch, launcher, placement, quiet, session
+from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, Progress, StepStats, StepTracer, Summaries,
                                       format_histogram)
 from parallax_tf.runtime.runner import RunInputs
@@ -41,10 +41,14 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     (runtime.hooks.Hook) run on every rank around and between steps. Outside any launcher with
     np > 1 this process launches the ranks, waits for them and exits with their status."""
     phases = {"run": time.time()}        # when each start-up phase ended (Result.extras["phases"])
+    exit_lib.ran()
     opts = ptf_flags.resolve(steps=steps, **options)
     quiet.apply(opts.verbose)
     if opts.plan_only:
-        return _plan_only(model_fn, input_fn, opts)
+        result = _plan_only(model_fn, input_fn, opts)
+        if options.get("plan_only") is None:     # asked for on the command line: the program ends here
+            sys.exit(0)
+        return result
     if not cluster_lib.under_launcher() and (opts.np or 1) > 1:
         sys.exit(launch.launch_local(opts.np, opts.verbose, launch.restarts_of(opts.max_restarts, opts.ckpt_dir),
                                      opts.ckpt_dir, opts.min_np, opts.host_discovery_script,
@@ -64,7 +68,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                           "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, **measurements(opts.strategy))
+    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, shard_input=opts.shard_input,
+                       **measurements(opts.strategy))
     phases["inspection"] = time.time()
     plan = _agree_on_plan(captured, opts, topo, cluster)
     phases["plan"] = time.time()
@@ -81,13 +86,14 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
-        request = strategy_lib.BuildRequest(model_fn, ctx, plan, topo, opts.seed)
+        request = strategy_lib.BuildRequest(model_fn, ctx, plan, topo, opts.seed, opts.shard_input)
         dgraph = strategy_lib.get(plan.strategy).rewrite(request)    # a rule may have chosen another strategy
         for name, layout in dgraph.layouts.items():       # how the lookups read the shards it made
             plan.by_name()[name].layout = layout
         # tables and iterators, as the single-device script initialises them
         dgraph.local_init = tf.group(dgraph.local_init, *model_init.initializers(graph, dgraph.train_op))
         input_reads = model_init.input_reads(graph, dgraph.train_op)
+        batch_rows = model_init.batch_rows(input_reads)
         entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
@@ -110,7 +116,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
                               lost=watchdog.lost if watchdog else None,
                               deadline=watchdog.deadline if watchdog else None)
-    peer_lost = False
+    peer_lost = read = False
     try:
         start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
         phases["session"] = time.time()
@@ -121,7 +127,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
         StepStats.profile_threads_from = opts.profile_threads_from
         began, cpu_began = time.perf_counter(), time.process_time()
         inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, tracer, guard,
-                           opts.timeout_s * 1000)
+                           opts.timeout_s * 1000, batch_rows)
         losses, stats = dgraph.runner.run(sess, inputs)
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         phases["training"] = time.time()
@@ -140,6 +146,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
             if watchdog:            # peers may leave once the barrier below lets them
                 watchdog.stop()
             dgraph.barrier.wait(sess, "read", alive, opts.timeout_s)   # nobody stops its servers while others read
+            read = True
     except session.PeerLost:
         peer_lost = True
         raise
@@ -149,11 +156,11 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
         if not peer_lost:
             if watchdog:
                 watchdog.stop()
-            sess.close()
-            # frees this run's variables on every server of the job, so it must reach every
-            # rank's server: never with a rank gone (it would wait for that server forever)
-            if dgraph.barrier.may_reset(topo.rank) and alive() == set(range(topo.size)):
-                tf.compat.v1.Session.reset(cluster.target, [run_id])
+            teardown.bound_exit(topo.rank, opts.timeout_s)
+            # The reset reaches every rank's server, so only when all have read (the last point
+            # where the ranks agree) and none is gone: it would wait for a gone server forever.
+            teardown.finish(sess, cluster.target, run_id, topo.rank, topo.size, opts.timeout_s,
+                            reset=read and dgraph.barrier.may_reset(topo.rank) and alive() == set(range(topo.size)))
     phases["results"] = time.time()
     stats.extras["phases"] = phases
     if on_cpu_instead is not None:
@@ -170,10 +177,22 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
                     cpu_s_per_step=cpu / max(1, len(stats.times)), step_cpu_s=stats.cpu_times,
                     lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                     checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
-                    histograms=histograms, lost_ranks=sorted(set(range(topo.size)) - alive()))
+                    histograms=histograms, lost_ranks=sorted(set(range(topo.size)) - alive()),
+                    metrics=stats.metrics, mean_losses=stats.losses)
     if topo.is_chief and opts.log_every:
-        _print_summary(result)
+        _print_summary(result, topo.size, stats.loss_scope, _written(opts))
     return result
+
+
+def _written(opts) -> str:
+    """Where rank 0 wrote TensorBoard events and traces, for the summary."""
+    said = []
+    if opts.logdir:
+        said.append(f"TensorBoard events in {opts.logdir} (view: tensorboard --logdir {opts.logdir})")
+    if opts.timeline_file:
+        said.append(f"Chrome trace of steps {','.join(map(str, opts.timeline_steps))} in {opts.timeline_file}, "
+                    f"Horovod's timeline in {os.environ.get('HOROVOD_TIMELINE', opts.timeline_file + '.horovod.json')}")
+    return "; ".join(said)
 
 
 def _ops_without_gpu_kernel(graph, topo, verbose: bool) -> Optional[dict]:
@@ -247,7 +266,7 @@ def _hooks(opts, topo, store, commits, state_io, sess, step_key):
     if not topo.is_chief:
         return hooks, checkpointer, committer
     if opts.log_every:
-        hooks.append(Progress(opts.steps, opts.log_every))
+        hooks.append(Progress(opts.steps, opts.log_every, topo.size))
     if opts.logdir:
         hooks.append(Summaries(opts.logdir))
     return hooks, checkpointer, committer
@@ -269,7 +288,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
 def _plan_only(model_fn, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, **measurements(opts.strategy))
+    captured = capture(model_fn, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
     plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
                      cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options)
     listed = devices.listed_gpus()
@@ -279,7 +298,7 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
         plan.devices = devices.summary(choice, bool(hvd.nccl_built()), bool(hvd.cuda_built()))
     print(plan.table())
     print("\nwhy:\n" + plan.reasons(), flush=True)
-    return Result(variables={}, losses=[], plan=plan)
+    return Result(variables={}, losses=[], plan=plan, plan_only=True)
 
 
 def cost_cluster(opts, hosts: int, ranks_per_host: int):
@@ -302,16 +321,24 @@ def _bound_horovod_stalls(timeout_s: int) -> None:
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(timeout_s))
 
 
-def _print_summary(result: Result) -> None:
-    routes, whose = (result.cluster_bytes_per_step, "all ranks") if result.cluster_bytes_per_step \
-        else (result.bytes_per_step, "this rank")
+def _print_summary(result: Result, ranks: int, loss_scope: str, written: str) -> None:
+    """The `done:` line: every figure as the progress line and the plan define it (the loss and
+    metrics of the last step, mean over ranks; bytes per step and rank)."""
+    if result.cluster_bytes_per_step:
+        routes = {r: b / ranks for r, b in result.cluster_bytes_per_step.items()}
+        whose = f"mean over {ranks} ranks" if ranks > 1 else "1 rank"
+    else:
+        routes, whose = result.bytes_per_step, "this rank"
     moved = ", ".join(f"{r} {human_bytes(b)}" for r, b in sorted(routes.items()) if b)
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
     steps = result.global_step - result.start_step
+    losses = result.mean_losses or result.losses
+    metrics = "".join(f", {name} {values[-1]:.4f}" for name, values in sorted(result.metrics.items()) if values)
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
-          f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; mean bytes/step ({whose}): "
-          f"{moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"
-          + (f"; went on without rank(s) {result.lost_ranks}" if result.lost_ranks else ""), flush=True)
+          f"final loss ({loss_scope}) {losses[-1] if losses else float('nan'):.4f}{metrics}; bytes/step/rank "
+          f"({whose}): {moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"
+          + (f"; went on without rank(s) {result.lost_ranks}" if result.lost_ranks else "")
+          + (f"; wrote {written}" if written else ""), flush=True)
     for name, by_rank in sorted(result.histograms.items()):
         for rank, counts in sorted(by_rank.items()):
             print(f"{name} rank {rank}: {format_histogram(counts)}", flush=True)

@@ -27,11 +27,37 @@ def make_feeds(input_fn, ctx: RunContext, placeholders: List[str], graph) -> dic
     feeds = {}
     for key, value in _split_sparse(batch).items():
         try:
-            feeds[graph.get_tensor_by_name(key if ":" in key else key + ":0")] = value
+            tensor = graph.get_tensor_by_name(key if ":" in key else key + ":0")
         except (KeyError, ValueError):
             raise InputError(f"input_fn returned key {key!r} but the graph has no placeholder of that name; "
                              f"placeholders the loss needs: {placeholders}") from None
+        _check_fits(key, value, tensor, ctx)
+        feeds[tensor] = value
     return feeds
+
+
+_KINDS = {"b": "bool", "i": "integer", "u": "integer", "f": "float", "c": "complex", "U": "string", "S": "string",
+          "O": "string"}
+
+
+def _check_fits(key: str, value, tensor, ctx: RunContext) -> None:
+    """The value's shape and dtype fit the placeholder, or one InputError naming both."""
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    where = f"input_fn(ctx) at rank {ctx.rank}, step {ctx.step} returned {key!r}" if ctx is not None else \
+        f"input_fn returned {key!r}"
+    if not tensor.shape.is_compatible_with(array.shape):
+        raise InputError(f"{where} with shape {tuple(array.shape)}, but placeholder {tensor.op.name!r} takes shape "
+                         f"{_shape(tensor.shape)}; return a batch of that shape")
+    got, want = _KINDS.get(array.dtype.kind), _KINDS.get(np.dtype(tensor.dtype.as_numpy_dtype).kind)
+    # an integer batch feeds a float placeholder exactly; a float one would be truncated into an int
+    if got and want and got != want and not (got in ("integer", "bool") and want == "float"):
+        raise InputError(f"{where} as {array.dtype} ({got}) values, but placeholder {tensor.op.name!r} is "
+                         f"{tensor.dtype.name}; convert it (np.asarray(x, np.{tensor.dtype.as_numpy_dtype.__name__}))")
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list()) + \
+        ("," if shape.rank == 1 else "") + ")" if shape.rank is not None else "unknown"
 
 
 _SPARSE_PARTS = ("indices", "values", "shape")

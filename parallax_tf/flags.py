@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import sysconfig
 from typing import Optional
 
 from absl import flags
@@ -24,6 +25,9 @@ flags.DEFINE_string("ssh_identity_file", None, "ssh key for the --host_slots hos
 flags.DEFINE_integer("steps", 100, "Training steps.")
 flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
 flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
+flags.DEFINE_bool("shard_input", True, "A tf.data pipeline built inside model_fn is read by each data rank in "
+                  "turn (rank r of N takes batches r, r+N, ...: the job's global batch is the single-device "
+                  "script's next N batches); --noshard_input: every rank reads the whole pipeline.")
 flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: the count with the "
                      "shortest step the cost model predicts).")
 flags.DEFINE_string("calibration", None, "The cost model's machine constants, written by python -m tools.calibrate "
@@ -84,6 +88,7 @@ class Options:
     log_every: int
     plan_only: bool
     partitions: Optional[int]
+    shard_input: bool
     calibration: Optional[str]
     profile_threads_from: int
     local_aggregation: bool
@@ -137,16 +142,39 @@ ENVIRONMENT_DEFAULTS = {"link_bandwidth": "PARALLAX_LINK_BANDWIDTH", "link_delay
                         "host_cores": "PARALLAX_CORES"}
 
 
+def parse_command_line(argv) -> list:
+    """Parses `argv` into FLAGS and returns what is left (absl's contract for app.run's
+    flags_parser). A misspelled or unknown flag, or a bad value, is a ConfigError: one line and
+    status 2 on the command line. Arguments of a program that is not the user's own script (pytest,
+    a notebook kernel) are not the job's flags: there only the flags absl knows are read."""
+    try:
+        return FLAGS(argv, known_only=not _users_program())
+    except flags.Error as err:
+        raise ConfigError(f"{err}; `--helpfull` lists the flags (your own arguments go after `--`)") from None
+
+
+def _users_program() -> bool:
+    """Whether the running program is a script or module of the user's (not an installed tool's)."""
+    main = sys.modules.get("__main__")
+    path = os.path.abspath(getattr(main, "__file__", "") or "")
+    if sys.flags.interactive or not path.endswith(".py"):
+        return False
+    installed = {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib", "scripts")}
+    return not any(path.startswith(os.path.join(folder, "")) for folder in installed)
+
+
 def resolve(**overrides) -> Options:
-    """Options from the flags, keyword arguments of run() overriding them; every strategy's
-    options parsed and checked once."""
+    """Options from the flags, keyword arguments of run() overriding them (said once where a flag
+    on the command line is overridden); every strategy's options parsed and checked once."""
     if not FLAGS.is_parsed():
-        FLAGS(sys.argv, known_only=True)
+        parse_command_line(sys.argv)
     names = [f.name for f in dataclasses.fields(Options) if f.name != "strategy_options"]
     strategy_flags = list(strategy_lib.option_flags())
     unknown = sorted(set(overrides) - set(names) - set(strategy_flags))
     if unknown:
         raise ConfigError(f"unknown option(s) {unknown}; known: {', '.join(names + strategy_flags)}")
+    _say_overridden({name: v for name, v in overrides.items() if v is not None})
+
     def value(name):
         return overrides[name] if overrides.get(name) is not None else getattr(FLAGS, name)
     values = {n: value(n) for n in names}
@@ -179,3 +207,20 @@ def resolve(**overrides) -> Options:
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
     return options
+
+
+_SAID_OVERRIDES: set = set()
+
+
+def _say_overridden(overrides: dict) -> None:
+    """One note (on rank 0, once per process) for each run() keyword that replaces a different
+    value given for its flag on the command line."""
+    if os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != "0":
+        return
+    for name, value in sorted(overrides.items()):
+        given = FLAGS[name] if name in FLAGS else None
+        if given is None or not given.present or given.value == value or name in _SAID_OVERRIDES:
+            continue
+        _SAID_OVERRIDES.add(name)
+        print(f"parallax_tf: note: run({name}={value!r}) overrides --{name}={given.value!r} from the command line",
+              file=sys.stderr, flush=True)

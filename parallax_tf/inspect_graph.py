@@ -118,16 +118,18 @@ def record_get_variable(names: set):
 
 
 def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
-            evaluate: bool = True, time_compute: bool = False, measures: Sequence = ()) -> Capture:
+            evaluate: bool = True, time_compute: bool = False, measures: Sequence = (),
+            shard_input: bool = True) -> Capture:
     """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
     `time_compute`: times a step; `measures`: a strategy's further measurements (Measure
-    objects, parallax_tf.strategy), each given a CaptureView."""
+    objects, parallax_tf.strategy), each given a CaptureView; `shard_input`: tf.data built in
+    model_fn is sharded by ctx (training_graph.build's `shard`)."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
         with record_get_variable(from_get_variable):
-            training = training_graph.build(model_fn, ctx)
+            training = training_graph.build(model_fn, ctx, shard=shard_input)
         trainable = tf.compat.v1.trainable_variables()
         if not trainable:
             raise ModelError("model_fn created no trainable variables: there is nothing to train")

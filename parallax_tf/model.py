@@ -20,6 +20,9 @@ class Model:
     # what a Scaffold's init_op would run besides the variables' initializers (tables, your own
     # resources): run on every rank; variables start from the single-device values instead
     init_op: object = None
+    # {name: scalar tensor} reported beside the loss, averaged over ranks (progress line, summary,
+    # Result.metrics, TensorBoard)
+    metrics: Optional[Dict[str, object]] = None
 
 
 @dataclasses.dataclass
@@ -57,3 +60,24 @@ class Result:
     # bucket -> count (ps_plus: "staleness", pushes applied by staleness, as the servers counted)
     histograms: Dict[str, Dict[int, Dict[int, int]]] = dataclasses.field(default_factory=dict)
     lost_ranks: List[int] = dataclasses.field(default_factory=list)   # ranks the run went on without
+    # Model.metrics per step: the mean over ranks (a synchronous strategy's; ps_plus: this rank's)
+    metrics: Dict[str, List[float]] = dataclasses.field(default_factory=dict)
+    # the loss per step as the progress line shows it: the mean over ranks (ps_plus: this rank's)
+    mean_losses: List[float] = dataclasses.field(default_factory=list)
+    plan_only: bool = False            # run(plan_only=True): only `plan` is filled in; nothing trained
+
+
+def check_metrics(metrics) -> None:
+    """Model.metrics is {name: numeric scalar tensor}, or one ModelError saying what it is."""
+    import tensorflow as tf
+    from parallax_tf.errors import ModelError
+    if metrics is None:
+        return
+    if not isinstance(metrics, dict):
+        raise ModelError(f"Model(metrics=...) is a {type(metrics).__name__}; pass a dict {{name: scalar tensor}}")
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not isinstance(value, tf.Tensor) or value.shape.rank != 0 \
+                or not (value.dtype.is_floating or value.dtype.is_integer):
+            raise ModelError(f"metric {name!r} is {getattr(value, 'shape', type(value).__name__)}; each metric must "
+                             "be a numeric scalar tensor of model_fn's graph (e.g. tf.reduce_mean of a batch's "
+                             "accuracy)")

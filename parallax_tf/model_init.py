@@ -65,6 +65,16 @@ def input_reads(graph, step: Iterable) -> List[tf.Operation]:
     return sorted((op for op in needed if op.type in _ITERATOR_READS), key=lambda o: o._id)
 
 
+def batch_rows(reads: List[tf.Operation]):
+    """The batch dimension of the first batched tensor the step's iterator reads yield (a
+    variant, such as an encoded SparseTensor, says nothing); None when the step reads none."""
+    for op in reads:
+        for out in op.outputs:
+            if out.dtype != tf.variant and out.shape.rank != 0:
+                return tf.shape(out, out_type=tf.int64)[0]
+    return None
+
+
 def _iterators_read(needed: set) -> List[tf.Operation]:
     """The iterator resources the needed GetNext ops read."""
     found = []

@@ -187,7 +187,7 @@ class Plan:
         return self.global_step or TOOLKIT_GLOBAL_STEP
 
     def table(self) -> str:
-        header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step")
+        header = ("variable", "shape", "MB", "grad", "layer", "route", "shards", "est. bytes/step/rank")
         rows = [header]
         for v in self.variables:
             shards = str(v.partitions) if v.route in (ROUTE_PS, ROUTE_SIGNIFICANT, ROUTE_ASYNC_PS) else \

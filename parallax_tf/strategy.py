@@ -165,6 +165,7 @@ class BuildRequest:
     plan: object           # plan.Plan
     topology: object       # runtime.topology.Topology
     seed: int
+    shard_input: bool = True   # --shard_input: tf.data built in model_fn is sharded by ctx (rank, size)
 
 
 @dataclasses.dataclass

@@ -19,8 +19,9 @@ from typing import Callable, Dict, List
 
 import tensorflow as tf
 
+from parallax_tf import input_shard
 from parallax_tf.errors import ModelError
-from parallax_tf.model import Model, RunContext
+from parallax_tf.model import Model, RunContext, check_metrics
 
 # The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
 MODEL_INIT_OPS = "parallax_model_init_ops"
@@ -232,7 +233,7 @@ def _keras_constants_stay_in_the_graph():
 
 def _creating_layer():
     """The innermost tf_keras layer whose code is creating a variable right now, if any.
-    A Keras 3 layer (what tf.keras is in TF 2.21) gets a clear error instead."""
+    A Keras 3 layer (the `keras` package) gets a clear error instead."""
     frame = sys._getframe(2)
     for _ in range(60):
         if frame is None:
@@ -241,10 +242,11 @@ def _creating_layer():
         module = type(owner).__module__ if owner is not None else ""
         if module.startswith("keras.") or module == "keras":
             raise ModelError(
-                f"model_fn built a Keras 3 object ({type(owner).__module__}.{type(owner).__name__}); tf.keras "
-                "in TF 2.21 is Keras 3, whose layers in a tf.compat.v1 graph never update batch-norm "
-                "statistics. Use Keras 2: `pip install tf_keras` and `import tf_keras` (tf_keras.layers, "
-                "tf_keras.Sequential), or set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported")
+                f"model_fn built a Keras 3 object ({type(owner).__module__}.{type(owner).__name__}) (the `keras` "
+                "package; tf.keras too where TensorFlow was imported before parallax_tf or TF_USE_LEGACY_KERAS "
+                "is off), whose layers in a tf.compat.v1 graph never update batch-norm statistics. Use Keras 2: "
+                "`import tf_keras` (tf_keras.layers, tf_keras.Sequential), or tf.keras with parallax_tf "
+                "imported before TensorFlow")
         if module.startswith("tf_keras") and any(c.__name__ == "Layer" for c in type(owner).__mro__):
             return owner
         frame = frame.f_back
@@ -275,18 +277,20 @@ def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
     if model.loss.shape.rank != 0:
         raise ModelError(f"loss {model.loss.name} has shape {model.loss.shape}; it must be a scalar "
                          "(reduce it, e.g. tf.reduce_mean over the batch)")
+    check_metrics(model.metrics)
     return model
 
 
-def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
+def build(model_fn: Callable, ctx: RunContext, variable_hook=None, shard: bool = True) -> Training:
     """Calls model_fn in the default graph, recording how it trains; for the optimizer form,
     adds `optimizer.minimize(loss)` (advancing the model's global step if it has one, after its
     state updates: UPDATE_OPS and tf_keras layer updates).
 
     `variable_hook(next_creator, kwargs, in_apply)` creates each variable (the rewriter places
-    them with it); `in_apply` is true inside an optimizer's apply_gradients (slots)."""
+    them with it); `in_apply` is true inside an optimizer's apply_gradients (slots). `shard`: a
+    tf.data pipeline model_fn builds is read by ctx's ranks in turn (parallax_tf.input_shard)."""
     recorder = _Recorder(variable_hook)
-    with recorder.recording():
+    with recorder.recording(), input_shard.sharding(ctx, shard) as inputs:
         model = call_model_fn(model_fn, ctx)
         train_op = model.train_op
         if not tf.compat.v1.trainable_variables():
@@ -305,6 +309,7 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None) -> Training:
             tf.compat.v1.add_to_collection(MODEL_INIT_OPS, _as_operation(model.init_op))
     train_op = _as_operation(train_op)
     needed = ancestors(train_op)
+    inputs.warn_unsharded(needed)
     applies = [a for a in recorder.applies if a.op in needed]
     if not applies:
         raise ModelError(f"train_op {train_op.name!r} runs no optimizer apply: build it with opt.minimize(loss) or "

@@ -76,11 +76,17 @@ def _ids():
     return tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_EXAMPLE], name="ids")
 
 
+def _script_batches(ctx) -> dict:
+    """A single-device script's batches, in order: step s's global batch is batches s*N..s*N+N-1,
+    which the toolkit shards so that rank r reads batch s*N + r, i.e. batch("mixed", r, s)."""
+    size = ctx.size if ctx is not None else 1
+    per_step = [batch("mixed", rank, step) for step in range(STEPS) for rank in range(size)]
+    return {k: np.stack([b[k] for b in per_step]) for k in per_step[0]}
+
+
 def _dataset_batches(ctx):
-    """This rank's batches from its own tf.data pipeline: no input_fn, nothing fed."""
-    per_step = [batch("mixed", ctx.rank, step) for step in range(STEPS)]
-    stacked = {k: np.stack([b[k] for b in per_step]) for k in per_step[0]}
-    dataset = tf.data.Dataset.from_tensor_slices(stacked)
+    """The batches of a tf.data pipeline model_fn builds: no input_fn, nothing fed."""
+    dataset = tf.data.Dataset.from_tensor_slices(_script_batches(ctx))
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
@@ -111,10 +117,8 @@ def _batch_norm(x, name="bn", decay=0.9):
 
 
 def _initializable_iterator_batches(ctx):
-    """This rank's batches through an initializable iterator (the toolkit runs its initializer)."""
-    per_step = [batch("mixed", ctx.rank, step) for step in range(STEPS)]
-    stacked = {k: np.stack([b[k] for b in per_step]) for k in per_step[0]}
-    iterator = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(stacked))
+    """The same through an initializable iterator (the toolkit runs its initializer)."""
+    iterator = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(_script_batches(ctx)))
     return iterator.get_next()
 
 

@@ -120,7 +120,7 @@ def test_keras3_model_names_tf_keras_as_the_fix():
         x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
         loss = tf.reduce_mean(keras.layers.Dense(1)(x))
         return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
-    with pytest.raises(ptf.ModelError, match=r"Keras 3 object \(keras\.src\..*Use Keras 2: `pip install tf_keras`"):
+    with pytest.raises(ptf.ModelError, match=r"Keras 3 object \(keras\.src\..*Use Keras 2: `import tf_keras`"):
         _run_plan_only(model_fn, lambda ctx: {"x": np.ones([2, 4], np.float32)})
 
 

@@ -135,3 +135,13 @@ def test_docs_pages_have_each_strategy():
     text = (ROOT / "docs" / "strategies.md").read_text(encoding="utf-8")
     for strategy in STRATEGIES:
         assert re.search(rf"^##.*\b{re.escape(strategy)}\b", text, re.MULTILINE), strategy
+
+
+def test_choosing_a_strategy_covers_fast_links_cnns_and_unseen_clusters():
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Choosing a strategy", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    auto = next(row for row in rows if "| `auto` |" in row)
+    assert "fast link" in auto and "--link_bandwidth" in auto
+    assert any("CNN" in row and "dense gradients only" in row for row in rows)
+    assert "python -m\ntools.simulate" in section or "python -m tools.simulate" in section

@@ -22,8 +22,10 @@ def test_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint():
                             timeout=180)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    # rank 1 fed the NaN; the mean over ranks makes both ranks stop at the same step
-    assert output.count("Diverged: the loss (mean over ranks) is nan at step 3") == 2, launch.tail(proc)
+    # rank 1 fed the NaN into step 4 (1-based, as the progress line counts); the mean over ranks
+    # makes both ranks stop at that step, each with one line
+    assert output.count("parallax_tf: error: the loss (mean over ranks) is nan at step 4;") == 2, launch.tail(proc)
+    assert not re.search(r"^\[\d\]<stderr>:Traceback", output, re.M), launch.tail(proc)   # (horovodrun's own may follow)
     assert sorted(os.listdir(ckpt)) == ["checkpoint", "step-2"]
     reader = tf.train.load_checkpoint(os.path.join(ckpt, "step-2", "model"))
     assert np.isfinite(reader.get_tensor("emb")).all() and reader.get_tensor("parallax_global_step") == 2
@@ -67,11 +69,11 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise():
         stats.add(0.5, {"ps_push": 2048}, examples=8, cluster_moved={"ps_push": 4096, "allreduce": 0})
     term, plain = Terminal(), io.StringIO()
     for stream in (term, plain):
-        progress = Progress(total=4, every=2, stream=stream)
+        progress = Progress(total=4, every=2, ranks=2, stream=stream)
         for step in (1, 2, 3):
             progress.after_step(step, 1.25, stats)
-    assert plain.getvalue().splitlines() == [
-        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step (all ranks) ps_push=4.0KB"]
+    assert plain.getvalue().splitlines() == [     # per rank, as the plan estimates it
+        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step/rank ps_push=2.0KB"]
     assert "\r\x1b[2K[#######" in term.getvalue() and "step 3/4 loss 1.2500" in term.getvalue()
 
 

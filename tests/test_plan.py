@@ -101,7 +101,7 @@ def test_plan_round_trips_json_and_prints_a_table():
     assert again == plan
     table = plan.table()
     assert table.splitlines()[0].split() == ["variable", "shape", "MB", "grad", "layer", "route", "shards",
-                                             "est.", "bytes/step"]
+                                             "est.", "bytes/step/rank"]
     assert "emb       21x4" in table and "3 (user)" in table
 
 

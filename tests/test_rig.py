@@ -288,10 +288,12 @@ def test_cpu_per_thread_name_from_a_given_step(monkeypatch):
 
 
 def _graph_bytes(summary: str) -> dict:
-    """Per route, the bytes a step's graphs sent (all ranks), from a run's summary line."""
+    """Per route, the bytes a step's graphs sent (all ranks), from a run's summary line (per rank,
+    the mean over its ranks)."""
     units = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
-    return {route: float(n) * units[unit]
-            for route, n, unit in re.findall(r"(\w+) ([\d.]+)(B|KB|MB|GB)\b", summary.split("(all ranks):")[1])}
+    ranks, moved = re.search(r"\(mean over (\d+) ranks\): (.*?); checkpoint", summary).groups()
+    return {route: float(n) * units[unit] * int(ranks)
+            for route, n, unit in re.findall(r"(\w+) ([\d.]+)(B|KB|MB|GB)\b", moved)}
 
 
 def test_flows_split_the_wire_bytes_by_kind_and_each_carries_its_route():

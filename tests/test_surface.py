@@ -45,6 +45,17 @@ USER_ERRORS = {
                          "ssh cannot reach nosuchhost.invalid without a password"),
     "model": (["tests/jobs/bad_input_job.py", "--case=sign_of_sparse_gradient", "--steps=2"],
               "gradient transform op 'Sign' (Sign) changes the rows of sparse PS variable 'emb'"),
+    # a misspelled flag, in the README's module-level form and under absl's app.run on 2 ranks
+    "misspelled_flag": (["tests/jobs/tutorial_job.py", "--stratgy", "ps"],
+                        "Unknown command line flag 'stratgy'. Did you mean: strategy ?"),
+    "misspelled_flag_ranks": (["-m", "models.lm", "--np", "2", "--log_evry", "5"],
+                              "Unknown command line flag 'log_evry'. Did you mean: log_every ?"),
+    "bad_flag_value": (["-m", "models.lm", "--strategy", "hybird"], "flag --strategy=hybird: value should be one of"),
+    "wrong_batch_shape": (["tests/jobs/bad_input_job.py", "--case=wrong_shape", "--steps=2"],
+                          "input_fn(ctx) at rank 0, step 0 returned 'ids' with shape (4, 2), but placeholder 'ids' "
+                          "takes shape (None, 3)"),
+    "never_calls_run": (["tests/jobs/keras_fit_job.py", "--np", "2"],
+                        "keras_fit_job.py ended without calling parallax_tf.run, so each of its ranks ran it alone"),
 }
 
 
@@ -117,3 +128,17 @@ def test_a_deprecated_call_in_the_users_own_code_is_said_once():
     assert notices == [f"WARNING:tensorflow:From {path}:9: calling Constant.__init__ (from "
                        "tensorflow.python.ops.init_ops) with dtype is deprecated and will be removed in a future "
                        "version."], proc.stderr       # Adagrad's own use of it, inside TensorFlow, is not said
+
+
+def test_a_nan_loss_ends_with_one_line_naming_the_step_and_status_3():
+    """Rank 1 feeds NaN into the 4th step: the job says so once, as step 4 of the progress line."""
+    out = tempfile.mkdtemp()
+    proc = _run(["tests/jobs/train_case.py", "--case=sparse_only", f"--out={out}", "--steps=10", "--log_every=1",
+                 "--nan_at_step=3", "--np=2"])
+    assert proc.returncode == 3, launch.tail(proc)
+    assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == \
+        ["1/10", "2/10", "3/10"]
+    assert proc.stderr.splitlines() == [
+        "parallax_tf: error: the loss (mean over ranks) is nan at step 4; training stopped before it could be "
+        "checkpointed. Lower the learning rate or check the input, then restart from the last checkpoint"], \
+        launch.tail(proc)

@@ -93,6 +93,11 @@ fi
 if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then   # tools.bench plots (added later)
   "$py" -m pip install -q matplotlib
 fi
+# TensorBoard reads what --logdir writes; TensorFlow 2.21 no longer brings it
+if ! "$py" -c "import tensorboard" >/dev/null 2>&1; then
+  log "installing tensorboard"
+  "$py" -m pip install -q tensorboard
+fi
 # tf_keras (Keras 2) for graph-mode Keras models: its wheel requires `tensorflow`, which would pull
 # a second TF next to tensorflow-cpu, so it goes in without dependencies, pinned to the TF version.
 if ! "$py" -c "import tf_keras" >/dev/null 2>&1; then

@@ -30,14 +30,22 @@ class StepStats:
                                                         # report carries the step before's)
         self.lower_bound: List[int] = []
         self.examples = 0
+        self.losses: List[float] = []                   # the loss the progress line shows, per step
+        self.metrics: Dict[str, List[float]] = {}       # Model.metrics, per step
+        self.loss_scope = "mean over ranks"             # whose loss and metrics those are
         self.checkpoint_requested = False               # the last step's collective decision
         self.extras: Dict[str, object] = {}             # what a strategy's own loop reports
         # live per-rank histograms a strategy's loop keeps: name -> rank -> bucket -> count
         self.histograms: Dict[str, Dict[int, Dict[int, int]]] = {}
 
     def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
-            cluster_moved: Optional[Dict[str, int]] = None) -> None:
+            cluster_moved: Optional[Dict[str, int]] = None, loss: Optional[float] = None,
+            metrics: Optional[Dict[str, float]] = None) -> None:
         self.times.append(seconds)
+        if loss is not None:
+            self.losses.append(loss)
+        for name, value in (metrics or {}).items():
+            self.metrics.setdefault(name, []).append(float(value))
         now = time.process_time()
         self.cpu_times.append(now - self._cpu_mark)
         self._cpu_mark = now
@@ -95,8 +103,8 @@ class Hook:
 class Progress(Hook):
     """A line every `every` steps; on a terminal, a bar redrawn in place between them."""
 
-    def __init__(self, total: int, every: int, stream=None):
-        self.total, self.every = total, every
+    def __init__(self, total: int, every: int, ranks: int = 1, stream=None):
+        self.total, self.every, self.ranks = total, every, ranks
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
         self.previous = None   # the step of the last call (an asynchronous run's steps can jump)
@@ -104,11 +112,11 @@ class Progress(Hook):
     def after_step(self, step, loss, stats):
         step_s, rate = stats.recent_rate()
         eta = (self.total - step) * step_s
-        # ranks that never meet (asynchronous strategies) cannot add theirs up: this rank's own
-        routes, whose = (stats.cluster_bytes, "all ranks") if stats.cluster_bytes else (stats.bytes, "this rank")
-        moved = " ".join(f"{route}={human_bytes(v[-1])}" for route, v in sorted(routes.items()) if v[-1])
-        line = (f"step {step}/{self.total} loss {loss:.4f} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
-                f"eta {eta:.0f}s bytes/step ({whose}) {moved or '0'}")
+        moved, whose = bytes_per_rank(stats, self.ranks)
+        metrics = "".join(f" {name} {values[-1]:.4f}" for name, values in sorted(stats.metrics.items()))
+        line = (f"step {step}/{self.total} loss {loss:.4f}{metrics} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
+                f"eta {eta:.0f}s bytes/step/rank{whose} "
+                f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}")
         previous = step - 1 if self.previous is None else self.previous
         self.previous = step
         if step // self.every > previous // self.every or step == self.total:
@@ -117,6 +125,15 @@ class Progress(Hook):
             done = int(30 * step / max(1, self.total))
             self.stream.write(f"\r\x1b[2K[{'#' * done}{'.' * (30 - done)}] {line}")
         self.stream.flush()
+
+
+def bytes_per_rank(stats: StepStats, ranks: int):
+    """The last step's bytes per route and rank, as the plan estimates them: the mean over ranks
+    of the step's report; ranks that never meet (asynchronous strategies) cannot add theirs up,
+    so there this rank's own, labelled so."""
+    if stats.cluster_bytes:
+        return {route: v[-1] / ranks for route, v in stats.cluster_bytes.items()}, ""
+    return {route: v[-1] for route, v in stats.bytes.items()}, " (this rank)"
 
 
 class Checkpointer(Hook):
@@ -180,6 +197,7 @@ class Summaries(Hook):
     def after_step(self, step, loss, stats):
         step_s, rate = stats.recent_rate(window=1)
         values = {"loss": loss, "examples_per_second": rate, "step_seconds": step_s}
+        values.update({f"metrics/{name}": v[-1] for name, v in stats.metrics.items()})
         values.update({f"bytes_per_step/{route}": v[-1] for route, v in stats.bytes.items()})
         values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
         summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))

@@ -101,19 +101,20 @@ def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, c
     command = [sys.executable, LAUNCHER, "--np", str(num_ranks)] + \
         [part for name, value in options.items() if value not in (None, "") for part in (name, str(value))] + \
         (["--verbose"] if verbose else []) + ["--", sys.executable, *argv]
-    env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1"), verbose))
+    from parallax_tf.runtime.exit import EXPECT_RUN_ENV
+    env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1", **{EXPECT_RUN_ENV: "1"}), verbose))
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     # The ranks run in their own session: a SIGTERM to this process must reach them too, or
     # they outlive it. The launcher stops its ranks on SIGTERM; its exit status is returned.
     previous = signal.signal(signal.SIGTERM, lambda *_: os.killpg(proc.pid, signal.SIGTERM))
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
+    except KeyboardInterrupt:      # Ctrl-C: the launcher stops its ranks and says it was SIGINT
+        os.kill(proc.pid, signal.SIGINT)
         try:
-            proc.wait(timeout=15)
+            return proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        return 130
+        return 128 + signal.SIGINT
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -56,6 +56,9 @@ NOISE = re.compile(
     r"|bash: line \d+: +\d+ [A-Z][\w ]* +env HOROVOD_HOSTNAME=")    # a remote shell's note on a rank killed by a signal
 
 
+PYTHON_WARNING = re.compile(r"\S+:\d+: \w*Warning: ")     # warnings.formatwarning's first line
+
+
 def is_noise(line: str) -> bool:
     return NOISE.match(line) is not None
 
@@ -69,6 +72,7 @@ class JobOutput:
         self.lock = threading.Lock()
         self.errors: set = set()
         self.user_error_ranks: set = set()
+        self.warnings: set = set()        # Python warnings already shown, by their text
 
 
 class RankOutput:
@@ -81,11 +85,14 @@ class RankOutput:
         self.rank, self.sink, self.job = rank, sink, job
         self.holds = holds and rank != 0
         self.held: Optional[List[str]] = None
+        self.after_repeated_warning = False
 
     def write(self, text: str) -> None:
         line = text.rstrip("\r\n")
-        if not self.job.verbose and (is_noise(line) or line == "Terminated" and self.job.stopping.is_set()):
-            return                      # (the shell's note on a rank this launcher stopped)
+        if not self.job.verbose and (is_noise(line) or self.job.stopping.is_set() and _stopped_note(line)):
+            return                      # (the shell's or the rank's note on a rank this launcher stopped)
+        if self._repeats_a_warning(line):
+            return
         if self.holds and self.job.errors and not line.startswith(USER_ERROR_PREFIX):
             return                      # a user error already said why the job ends
         if self.held is None and self.holds and line.startswith("Traceback (most recent call last)"):
@@ -104,6 +111,21 @@ class RankOutput:
         self.sink.write(text)
         self.sink.flush()
 
+    def _repeats_a_warning(self, line: str) -> bool:
+        """A Python warning (`file:line: SomeWarning: text`, then its source line) that another
+        rank, or this one, already showed: every rank runs the same code, so once is the job's."""
+        if self.after_repeated_warning:
+            self.after_repeated_warning = False
+            if line.startswith("  "):
+                return True
+        if not PYTHON_WARNING.match(line):
+            return False
+        with self.job.lock:
+            seen = line in self.job.warnings
+            self.job.warnings.add(line)
+        self.after_repeated_warning = seen
+        return seen
+
     def flush(self) -> None:
         self.sink.flush()
 
@@ -116,6 +138,10 @@ class RankOutput:
         if held and not self.job.errors:
             self.sink.write("".join(held))
             self.sink.flush()
+
+
+def _stopped_note(line: str) -> bool:
+    return line == "Terminated" or re.match(r"parallax_tf rank \d+: the launcher is stopping the job", line) is not None
 
 
 def write_expendable(ranks, why: str) -> None:
@@ -156,6 +182,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     stop_all = threading.Event()
     output = JobOutput(verbose, stop_all)
     signalled = threading.Event()     # a SIGINT or SIGTERM to this process (the ranks' stop event too)
+    received: List[int] = []          # which signal(s)
     failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
     cause_known = threading.Event()   # set: the rank that ended the job is in `failure`
     lock = threading.Lock()
@@ -205,7 +232,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
                 cause_known.set()
             else:
                 failures.append(code)
-        if is_cause and not (code == USER_ERROR_STATUS and rank in output.user_error_ranks):    # it said why
+        if is_cause and rank not in output.user_error_ranks:    # else its one line (user error, NaN) said why
             print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
                   "stopping the other ranks", file=sys.stderr, flush=True)
         stop_all.set()
@@ -220,8 +247,12 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     own_event = gloo_run.register_shutdown_event
     if in_main:
+        def on_signal(signum, _frame):
+            received.append(signum)
+            signalled.set()
+            stop_all.set()
         for sig in previous:
-            signal.signal(sig, lambda *_: signalled.set())
+            signal.signal(sig, on_signal)
         gloo_run.register_shutdown_event = lambda: signalled
     try:
         # exec_rank reports every rank as finished: the statuses that matter are in `failures`
@@ -235,9 +266,14 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
             timer.cancel()
         shutil.rmtree(job_dir, ignore_errors=True)
     if signalled.is_set():
-        print("parallax_tf launcher: stopped every rank on SIGTERM or SIGINT", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM)
+        signum = received[0] if received else signal.SIGTERM
+        print(f"parallax_tf launcher: stopped every rank on {_signal_name(signum)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
     return failures[0] if failures else 0
+
+
+def _signal_name(signum: int) -> str:
+    return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,

@@ -34,6 +34,9 @@ class RunInputs:
     tracer: object            # hooks.StepTracer
     guard: Callable           # guard(what) -> context naming a lost peer (session.cross_rank_errors)
     timeout_ms: int = 0       # every session run's deadline
+    # the batch dimension of what the step reads from tf.data (None: no iterator read); fed
+    # batches are counted from the feed
+    batch_rows: object = None
 
     def data_ctx(self, rank: int, size: int) -> RunContext:
         """The context input_fn sees when this rank reads shard `rank` of `size`."""
@@ -70,6 +73,17 @@ class Runner:
         return make_feeds(inputs.input_fn, ctx, inputs.placeholders, session.graph)
 
     @staticmethod
+    def rows_fetch(inputs: RunInputs) -> dict:
+        """What a step fetches besides its own targets to count the examples it read."""
+        return {} if inputs.batch_rows is None else {"rows": inputs.batch_rows}
+
+    @staticmethod
+    def rows_read(input_feeds: dict, out: dict) -> int:
+        """Examples this rank's step consumed: input_fn's batch (before the step adds feeds of its
+        own), else the batch the step read from tf.data."""
+        return batch_size(input_feeds) or int(out.get("rows", 0))
+
+    @staticmethod
     def check_finite(loss: float, subject: str, when: str = "", all_ranks: bool = False) -> None:
         """Stops the run with a Diverged error naming `subject` (the loss) and `when`. `all_ranks`:
         every rank of the job sees the same loss and stops at this step too."""
@@ -84,7 +98,7 @@ class Runner:
 @dataclasses.dataclass
 class SyncStep:
     """The graph pieces of a synchronous step besides the train op (rewriters' StepReport)."""
-    report: object                        # [loss, checkpoint requests, previous bytes per route] summed over ranks
+    report: object                        # [loss, checkpoint requests, metrics, previous bytes per route] summed over ranks
     report_routes: List[str]
     checkpoint_request: object            # placeholder (default 0): rank 0 asks for a checkpoint
     previous_bytes: object                # placeholder: this rank's bytes of the last step, by report_routes
@@ -93,6 +107,7 @@ class SyncStep:
     # Work done after some steps (a communication round): step -> (extra targets run in the same
     # session run as that step's, their feeds).
     scheduled: Callable[[int], tuple] = lambda step: ([], {})
+    metric_names: List[str] = dataclasses.field(default_factory=list)   # Model.metrics in the report
 
 
 class SyncRunner(Runner):
@@ -111,11 +126,13 @@ class SyncRunner(Runner):
         data_ctx = inputs.data_ctx(*shard) if reads else ctx
         losses: List[float] = []
         fetches = {"loss": self.loss, "report": spec.report, "train": self.train_op,
-                   "bytes": spec.bytes_per_step, "lower_bound": spec.lower_bound_bytes}
+                   "bytes": spec.bytes_per_step, "lower_bound": spec.lower_bound_bytes,
+                   **(self.rows_fetch(inputs) if reads else {})}
         previous_bytes = [0.0] * len(spec.report_routes)     # the report sums the last step's
         for step in range(inputs.start, inputs.steps):
             ctx.step = step
             feeds = self.feeds(inputs, session, data_ctx if reads else None, step)
+            input_feeds = dict(feeds)
             feeds[spec.checkpoint_request] = sum(hook.request(step + 1) for hook in inputs.hooks)
             feeds[spec.previous_bytes] = previous_bytes
             extra_targets, extra_feeds = spec.scheduled(step)
@@ -130,14 +147,16 @@ class SyncRunner(Runner):
                 out = session.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
             report = out["report"]
             mean_loss = report[0]          # every rank added its share
-            stats.add(time.perf_counter() - begin, out["bytes"], batch_size(feeds) * data_ctx.size,
-                      out["lower_bound"], dict(zip(spec.report_routes, report[2:])) if step > inputs.start else None)
+            metrics_end = 2 + len(spec.metric_names)
+            stats.add(time.perf_counter() - begin, out["bytes"], self.rows_read(input_feeds, out) * data_ctx.size,
+                      out["lower_bound"], dict(zip(spec.report_routes, report[metrics_end:])) if step > inputs.start
+                      else None, loss=float(mean_loss), metrics=dict(zip(spec.metric_names, report[2:metrics_end])))
             previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes]
             stats.checkpoint_requested = report[1] > 0
             inputs.tracer.record(step, metadata)
             losses.append(float(out["loss"]))
             # The mean over ranks decides, so every rank stops at the same step.
-            self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step}", all_ranks=ctx.size > 1)
+            self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step + 1}", all_ranks=ctx.size > 1)
             for hook in inputs.hooks:
                 hook.after_step(step + 1, float(mean_loss), stats)
         return losses

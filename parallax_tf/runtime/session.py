@@ -62,7 +62,8 @@ def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[C
     `lost` can tell, the ranks that are gone. `deadline(what, seconds)` (the watchdog's) stops
     the rank when the wait outlives twice the timeout, which TF alone cannot ensure."""
     def fail(why: str):
-        gone = f"; lost: {lost()}" if lost else ""
+        found = lost() if lost else ""
+        gone = f"; lost: {found}" if found else ""
         return PeerLost(f"parallax_tf rank {rank}: {what}: {why}{gone}")
     bounded = deadline(what, 2 * timeout_s + 30) if deadline and timeout_s else contextlib.nullcontext()
     try:
@@ -77,7 +78,7 @@ def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[C
         if "orovod" in err.message or "gloo" in err.message.lower():
             raise fail(f"Horovod stopped ({_first_line(err)})") from None
         # any other failure while a peer no longer answers is that peer's loss
-        if lost and "no rank found unreachable" not in lost():
+        if lost and lost():
             raise fail(f"{type(err).__name__} ({_first_line(err)})") from None
         raise
 

@@ -130,7 +130,7 @@ class Watchdog:
         return {rank: address for rank, address in list(self.peers.items()) if not _answers(address, self.interval)}
 
     def lost(self) -> str:
-        """The peers that no longer answer, as 'rank 2 (host:port)', for error messages. A peer
+        """The peers that no longer answer, as 'rank 2 (host:port)' ("" for none), for error messages. A peer
         killed a moment ago may still accept connections briefly, so look again before saying
         none is gone."""
         gone = self._unreachable()
@@ -140,11 +140,12 @@ class Watchdog:
             time.sleep(0.5)
             gone = self._unreachable()
         gone.update(self.gone)
-        return ", ".join(f"rank {r} ({a})" for r, a in sorted(gone.items())) or "no rank found unreachable"
+        return ", ".join(f"rank {r} ({a})" for r, a in sorted(gone.items()))
 
     def _die(self, why: str, code: int) -> None:
-        sys.stderr.write(f"parallax_tf rank {self.rank}: {why}; lost: {self.lost()}. Stopping this rank; "
-                         "restart the job to resume from the last checkpoint\n")
+        lost = self.lost()
+        sys.stderr.write(f"parallax_tf rank {self.rank}: {why}{'; lost: ' + lost if lost else ''}. Stopping this "
+                         "rank; restart the job to resume from the last checkpoint\n")
         sys.stderr.flush()
         os._exit(code)
 

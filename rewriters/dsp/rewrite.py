@@ -69,6 +69,10 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=pipe.pipeline_of(topo.rank),
                                                                    size=pipe.replicas))
     rebuilt = rebuild(request, on_servers=[])
+    if rebuilt.training.model.metrics:
+        raise ModelError("Model(metrics=...) is not reported under --strategy dsp "
+                         "(each stage computes a part of the model); drop metrics or use a "
+                         "data-parallel strategy (hybrid, ps, allreduce, auto, slim_dp, ps_plus)")
     graph = tf.compat.v1.get_default_graph()
     compiled.load()
     cuts = [graph.get_tensor_by_name(s.input) if s.input else None for s in pipe.stages]

@@ -68,7 +68,10 @@ def _choices(request):
             f"{c.route}{'x' + str(c.partitions) if c.route == ROUTE_PS else ''} "
             f"{costmodel.predict(loads, {**choices, load.name: c}, cluster, compute).step_s * 1000:.1f}ms"
             for c in costmodel.candidates(load, cluster) if c != choice)
-        out[load.name] = (choice, f"cost model: predicted step {step * 1000:.1f}ms; instead: {alternatives}")
+        out[load.name] = (choice, f"cost model: predicted step {step * 1000:.1f}ms"
+                                  + (f"; instead: {alternatives}" if alternatives else
+                                     f"; the only candidate for a {load.gradient} gradient (AllReduce's ring "
+                                     "moves the fewest bytes)"))
     return out
 
 

@@ -55,7 +55,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     transform = transform_lib.analyse(training, needed)
     reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
 
-    report = StepReport(tf.cast(training.loss, tf.float64) / topo.size, topo.size)
+    report = StepReport(tf.cast(training.loss, tf.float64) / topo.size, topo.size, training.model.metrics)
     allreduce = AllReduceRoute(request, rebuilt, ar_entries)
     global_grads = allreduce.build(rider=report.local)
     extras = [make(request, rebuilt, plan.on_route(route)) for route, make in extra_routes.items()
@@ -116,7 +116,8 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
         optimizers.extend(added.optimizers)
     optimizers = [(o, [v for v in vs if v.name not in working_copies]) for o, vs in optimizers]
     step_spec = SyncStep(
-        report=summed, report_routes=sorted(byte_counts), checkpoint_request=report.checkpoint_request,
+        report=summed, report_routes=sorted(byte_counts), metric_names=report.metric_names,
+        checkpoint_request=report.checkpoint_request,
         previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
                                    + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),

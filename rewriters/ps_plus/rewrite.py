@@ -91,7 +91,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         chief_init=[tf.compat.v1.variables_initializer(on_server), histogram.initializer] + barrier.init_ops,
         local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
                             tf.compat.v1.local_variables_initializer()),
-        broadcast=None, barrier=barrier, runner=AsyncRunner(training.loss, spec),
+        broadcast=None, barrier=barrier, runner=AsyncRunner(training.loss, spec, training.model.metrics),
         optimizers=[(state, state.slotted)],
         working_copies=state.working_copies, saved_as=state.saved_as,
         survivable_loss="ps_plus ranks never wait for each other; this one held no server state")

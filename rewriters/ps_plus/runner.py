@@ -25,7 +25,6 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from parallax_tf.feeds import batch_size
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.runtime.runner import Runner, RunInputs
 from parallax_tf.runtime.session import PeerLost
@@ -119,8 +118,8 @@ def _puller(sess, spec: AsyncSpec, shared: _Shared, have: int, timeout_ms: int) 
 class AsyncRunner(Runner):
     """Trains with three threads sharing one session (the module's doc)."""
 
-    def __init__(self, loss, spec: AsyncSpec):
-        self.loss, self.spec = loss, spec
+    def __init__(self, loss, spec: AsyncSpec, metrics=None):
+        self.loss, self.spec, self.metrics = loss, spec, dict(metrics or {})   # ranks never meet: this rank's
 
     def train(self, sess, inputs: RunInputs, stats: StepStats) -> List[float]:
         spec, ctx, guard, steps, hooks = self.spec, inputs.ctx, inputs.guard, inputs.steps, inputs.hooks
@@ -141,7 +140,9 @@ class AsyncRunner(Runner):
                                             daemon=True, name="parallax-puller"))
         for thread in threads:
             thread.start()
-        fetches = {"loss": self.loss, "targets": spec.step_targets, "bytes": spec.step_bytes}
+        fetches = {"loss": self.loss, "targets": spec.step_targets, "bytes": spec.step_bytes,
+                   "metrics": self.metrics, **self.rows_fetch(inputs)}
+        stats.loss_scope = "this rank"
         if ctx.rank == 0 and spec.histogram is not None:    # live, for TensorBoard (PS 0 is in this process)
             fetches["histogram"] = spec.histogram
         local_step = 0
@@ -190,8 +191,9 @@ class AsyncRunner(Runner):
                     # examples/s counts every rank's steps, as a synchronous run's does: the pushes
                     # applied cluster-wide since this rank's last step, times its batch
                     applied, counted = max(shared.applied_version, shared.seen_version), applied
-                batch = batch_size(feeds)
-                stats.add(seconds, {spec.route: moved}, batch * max(0, applied - counted))
+                batch = self.rows_read(feeds, out)
+                stats.add(seconds, {spec.route: moved}, batch * max(0, applied - counted), loss=float(out["loss"]),
+                          metrics=out["metrics"])
                 if "histogram" in out:
                     stats.histograms["staleness"] = histogram_by_rank(out["histogram"])
                 loss = float(out["loss"])

@@ -82,7 +82,8 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     with contextlib.ExitStack() as stack:
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
-        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable)
+        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable,
+                                        shard=request.shard_input)
     parts = _parts_by_logical_name(plan)
     trained = {v.name for v in plan.trained}
     missing, extra = trained - set(parts), set(parts) - trained

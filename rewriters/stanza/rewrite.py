@@ -56,6 +56,10 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=data_rank,
                                                                    size=len(split.conv_ranks)))
     rebuilt = rebuild(request, on_servers=[])
+    if rebuilt.training.model.metrics:
+        raise ModelError("Model(metrics=...) is not reported under --strategy stanza "
+                         "(its ranks compute different halves of the model); drop metrics or use a "
+                         "data-parallel strategy (hybrid, ps, allreduce, auto, slim_dp, ps_plus)")
     training = rebuilt.training
     if all(g is None for grads in rebuilt.grads.values() for g in grads):
         raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "

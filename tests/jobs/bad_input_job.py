@@ -20,6 +20,9 @@ def main(argv):
     input_fn = cases.input_fn_for("mixed")
     if FLAGS.case == "missing_placeholder":
         input_fn = lambda ctx: {"ids": cases.batch("mixed", ctx.rank, ctx.step)["ids"]}  # no labels
+    if FLAGS.case == "wrong_shape":      # one id per example fewer than the placeholder takes
+        input_fn = lambda ctx: {**cases.batch("mixed", ctx.rank, ctx.step),  # noqa: E731
+                                "ids": cases.batch("mixed", ctx.rank, ctx.step)["ids"][:, :2]}
     if FLAGS.case == "sign_of_sparse_gradient":    # signSGD on the embedding: not linear in the rows
         def model_fn():
             loss = cases._mixed_loss()
