@@ -17,9 +17,10 @@ _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 _quiet.prefer_quiet_tensorflow(_sys.argv)   # these two only help when parallax_tf comes before TensorFlow
 with _quiet.tensorflow_import(_sys.argv):
     from parallax_tf.api import run  # noqa: E402
+    from parallax_tf.fit import fit  # noqa: E402
 from parallax_tf.errors import ClusterError, ConfigError, Diverged, InputError, ModelError, ParallaxError  # noqa: E402
 from parallax_tf.model import Model, Result, RunContext  # noqa: E402
 from parallax_tf.plan import Plan, Shard, VariablePlan  # noqa: E402
 
-__all__ = ["run", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan", "ParallaxError",
+__all__ = ["run", "fit", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan", "ParallaxError",
            "ModelError", "InputError", "ConfigError", "ClusterError", "Diverged"]
