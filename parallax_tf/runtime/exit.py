@@ -73,8 +73,8 @@ def _check_that_run_was_called() -> None:
     keras = any(name in sys.modules for name in ("tf_keras", "keras"))
     _end_with_line(PREFIX + f"{script} ended without calling parallax_tf.run, so each of its ranks ran it alone "
                    "and nothing was synchronised. Build the model in a model_fn and call ptf.run(model_fn, ...)"
-                   + (" (a Keras compile/fit script: return ptf.Model(loss=..., optimizer=<a legacy optimizer>) from "
-                      "a model_fn that builds the tf_keras model; README: tf_keras models)" if keras else ""),
+                   + (" (a Keras compile/fit script: call ptf.fit(model, x, y, batch_size=..., epochs=...) in place "
+                      "of model.fit; README: Keras compile/fit)" if keras else ""),
                    USER_ERROR_STATUS)
 
 
