@@ -333,7 +333,8 @@ def _print_summary(result: Result, ranks: int, loss_scope: str, written: str) ->
     rate = f"{result.examples_per_s:,.0f} examples/s" if result.examples_per_s else "examples/s n/a"
     steps = result.global_step - result.start_step
     losses = result.mean_losses or result.losses
-    metrics = "".join(f", {name} {values[-1]:.4f}" for name, values in sorted(result.metrics.items()) if values)
+    metrics = "".join(f", {name} {values[-1]:.4f}" for name, values in sorted(result.metrics.items())
+                      if values and np.ndim(values[-1]) == 0)
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
           f"final loss ({loss_scope}) {losses[-1] if losses else float('nan'):.4f}{metrics}; bytes/step/rank "
           f"({whose}): {moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"

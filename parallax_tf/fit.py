@@ -1,11 +1,11 @@
-"""ptf.fit: a tf_keras compile/fit script on many ranks (work in progress: see the docstring of fit).
+"""ptf.fit: a tf_keras compile/fit script on many ranks (a first version: fit's docstring says what it takes).
 
 The compiled model is rebuilt inside the toolkit's model_fn from its config, every variable
 starting from the eager model's own value; compile's optimizer becomes the legacy one with the
 same hyperparameters (the new Keras optimizers update nothing in a v1 graph); compile's loss is
-computed as Keras computes it (per output: the loss of each example, times its sample weight,
-summed and divided by the number of loss elements of the *global* batch, times loss_weights;
-plus the model's regularisation losses). Each global batch of `batch_size` rows is split over
+computed as Keras computes it (per output: the loss of each example, summed and divided by the
+number of loss elements of the *global* batch, times loss_weights; plus the model's
+regularisation losses). Each global batch of `batch_size` rows is split over
 the data ranks in order (np.array_split), and each rank's loss is scaled so that the mean over
 ranks of the ranks' gradients is single-device Keras' gradient on the whole batch, also for an
 uneven last batch.
@@ -111,7 +111,45 @@ def _loss_sum(loss, y_true, y_pred):
     return tf.reduce_sum(tf.cast(values, tf.float32)), per_row
 
 
-def fit_model_fn(spec: KerasSpec, targets: Dict[str, np.ndarray], ranks_reading: Callable[[object], int]):
+def _metric_objects(spec: KerasSpec, target, output, name: str) -> list:
+    """compile's metrics for one output as tf_keras Metric objects, resolved as Keras resolves
+    them ('accuracy' and 'crossentropy' by the shapes of the target and the output)."""
+    import tf_keras
+    chosen = spec.compiled.get("metrics") or []
+    if isinstance(chosen, dict):
+        chosen = chosen.get(name) or []
+    chosen = chosen if isinstance(chosen, (list, tuple)) else [chosen]
+    found = []
+    for metric in chosen:
+        if isinstance(metric, str) and metric.lower() in ("accuracy", "acc", "crossentropy", "ce"):
+            binary = output.shape[-1] == 1
+            sparse = target.shape.rank < output.shape.rank or target.shape[-1] == 1 and not binary
+            kind = "binary" if binary else ("sparse_categorical" if sparse else "categorical")
+            suffix = "accuracy" if metric.lower() in ("accuracy", "acc") else "crossentropy"
+            metric = tf_keras.metrics.MeanMetricWrapper(tf_keras.metrics.get(f"{kind}_{suffix}"), name=metric)
+        elif not isinstance(metric, tf_keras.metrics.Metric):
+            function = tf_keras.metrics.get(metric)
+            metric = function if isinstance(function, tf_keras.metrics.Metric) else \
+                tf_keras.metrics.MeanMetricWrapper(function, name=metric if isinstance(metric, str) else
+                                                   getattr(function, "__name__", "metric"))
+        else:
+            metric = metric.__class__.from_config(metric.get_config())    # a fresh one in this graph
+        found.append(metric)
+    return found
+
+
+def _state_increment(metric, target, output):
+    """The metric's state after this step's update from zero: its share of the epoch's state
+    (every Keras metric's state adds up: counts, sums, confusion matrices)."""
+    zero = tf.group(*[v.assign(tf.zeros_like(v)) for v in metric.variables])
+    with tf.control_dependencies([zero]):
+        update = metric.update_state(target, output)
+    with tf.control_dependencies([update] if update is not None else []):
+        return tf.concat([tf.reshape(tf.cast(v.read_value(), tf.float64), [-1]) for v in metric.variables], 0)
+
+
+def fit_model_fn(spec: KerasSpec, targets: Dict[str, np.ndarray], ranks_reading: Callable[[object], int],
+                 built_metrics: Optional[dict] = None):
     """The model_fn that trains the compiled model: inputs and targets are placeholders named
     after the model's inputs and `<output>_target` (shaped and typed as the arrays `targets`)."""
     def model_fn(ctx):
@@ -121,15 +159,20 @@ def fit_model_fn(spec: KerasSpec, targets: Dict[str, np.ndarray], ranks_reading:
         weights = _per_output(spec.compiled.get("loss_weights") or 1.0, spec.output_names, "loss_weights")
         global_rows = tf.compat.v1.placeholder(tf.float32, [], name=GLOBAL_ROWS)
         scale = float(ranks_reading(ctx)) / global_rows     # each rank's share of the global mean
-        total = []
+        total, increments = [], {}
         for name, output in zip(spec.output_names, outputs):
             array = targets[f"{name}_target"]
             target = tf.compat.v1.placeholder(tf.as_dtype(array.dtype), [None] + list(array.shape[1:]),
                                               name=f"{name}_target")
             summed, per_row = _loss_sum(losses[name], target, output)
             total.append(weights[name] * summed * scale / per_row)
+            for metric in _metric_objects(spec, target, output, name):
+                key = metric.name if len(outputs) == 1 else f"{name}_{metric.name}"
+                increments[key] = _state_increment(metric, target, output)
+                if built_metrics is not None:     # how to read an epoch's summed state (eagerly)
+                    built_metrics[key] = None if _is_mean(metric) else (type(metric), metric.get_config())
         regularisation = tf.add_n([tf.cast(l, tf.float32) for l in net.losses]) if net.losses else 0.0
-        return Model(loss=tf.add_n(total) + regularisation, optimizer=spec.optimizer())
+        return Model(loss=tf.add_n(total) + regularisation, optimizer=spec.optimizer(), metrics=increments)
     return model_fn
 
 
@@ -150,12 +193,14 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", shuffl
     tf_keras History whose `model` holds the trained weights.
 
     Built so far: NumPy (or dict of NumPy) x and y, epochs, shuffle (one seeded permutation per
-    epoch, the same on every rank), compile's optimizer, loss and loss_weights. Not yet: metrics,
-    validation, callbacks, tf.data input, sample and class weights, resume at an epoch."""
+    epoch, the same on every rank), compile's optimizer, loss, loss_weights and metrics (each
+    epoch's over the whole global batch: a stateful metric such as AUC sums its state over steps
+    and ranks). Not yet: validation, callbacks, tf.data input, sample and class weights, resume at
+    an epoch."""
     from parallax_tf.api import run
     import tf_keras
     given = sorted(k for k in options if k in NOT_YET and options[k] not in (None, 0, 0.0))
-    unknown = sorted(k for k in options if k not in NOT_YET and k not in ("steps", "hooks"))
+    unknown = sorted(k for k in options if k not in NOT_YET)
     if given or unknown:
         raise ConfigError(f"ptf.fit does not take {given + unknown} yet; it trains x and y for `epochs` epochs")
     spec = KerasSpec(model)
@@ -178,7 +223,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", shuffl
         feeds[GLOBAL_ROWS] = np.float32(len(chosen))
         return feeds
 
-    result = run(fit_model_fn(spec, targets, lambda ctx: ctx.size), input_fn, steps=epochs * per_epoch)
+    built_metrics: dict = {}
+    result = run(fit_model_fn(spec, targets, lambda ctx: ctx.size, built_metrics), input_fn, steps=epochs * per_epoch)
     history = tf_keras.callbacks.History()
     history.set_model(spec.model)
     if result.plan_only:
@@ -191,5 +237,31 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", shuffl
     history.history = {"loss": [float(np.average(losses[e * per_epoch:(e + 1) * per_epoch],
                                                  weights=sizes[e * per_epoch:(e + 1) * per_epoch]))
                                 for e in range(epochs)]}
+    ranks = result.plan.num_ranks
+    for key, remake in built_metrics.items():
+        steps = result.metrics[key]
+        history.history[key] = [_result_of(remake, ranks * np.sum(steps[e * per_epoch:(e + 1) * per_epoch], 0))
+                                for e in range(epochs)]
     history.plan = result.plan
     return history
+
+
+def _is_mean(metric) -> bool:
+    """A mean (MeanMetricWrapper: accuracy, a loss as a metric, a function): state [total, count]."""
+    import tf_keras
+    return isinstance(metric, tf_keras.metrics.Mean)
+
+
+def _result_of(remake, state: np.ndarray) -> float:
+    """A metric's result for a whole epoch's state, summed over its steps and ranks: a mean's
+    total / count, else the result of a copy of the metric (class, config) holding the state."""
+    if remake is None:
+        return float(state[0] / state[1]) if state[1] else 0.0
+    kind, config = remake
+    metric = kind.from_config(config)
+    at = 0
+    for variable in metric.variables:
+        size = int(np.prod(variable.shape))
+        variable.assign(state[at:at + size].reshape(variable.shape).astype(variable.dtype.as_numpy_dtype))
+        at += size
+    return float(metric.result())

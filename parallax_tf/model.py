@@ -21,7 +21,8 @@ class Model:
     # resources): run on every rank; variables start from the single-device values instead
     init_op: object = None
     # {name: scalar tensor} reported beside the loss, averaged over ranks (progress line, summary,
-    # Result.metrics, TensorBoard)
+    # Result.metrics, TensorBoard); a vector of fixed length is averaged element by element
+    # (Result.metrics only)
     metrics: Optional[Dict[str, object]] = None
 
 
@@ -76,8 +77,8 @@ def check_metrics(metrics) -> None:
     if not isinstance(metrics, dict):
         raise ModelError(f"Model(metrics=...) is a {type(metrics).__name__}; pass a dict {{name: scalar tensor}}")
     for name, value in metrics.items():
-        if not isinstance(name, str) or not isinstance(value, tf.Tensor) or value.shape.rank != 0 \
-                or not (value.dtype.is_floating or value.dtype.is_integer):
+        if not isinstance(name, str) or not isinstance(value, tf.Tensor) or value.shape.rank not in (0, 1) \
+                or not value.shape.is_fully_defined() or not (value.dtype.is_floating or value.dtype.is_integer):
             raise ModelError(f"metric {name!r} is {getattr(value, 'shape', type(value).__name__)}; each metric must "
-                             "be a numeric scalar tensor of model_fn's graph (e.g. tf.reduce_mean of a batch's "
-                             "accuracy)")
+                             "be a numeric scalar (or a vector of fixed length) tensor of model_fn's graph (e.g. "
+                             "tf.reduce_mean of a batch's accuracy)")

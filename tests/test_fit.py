@@ -1,4 +1,5 @@
 """ptf.fit against single-device tf_keras fit, run eagerly in the same job (real ranks)."""
+import json
 import os
 import tempfile
 
@@ -21,4 +22,21 @@ def test_fit_equals_single_device_fit(case, strategy, ranks):
     assert names and sorted(names) == sorted(k[5:] for k in saved.files if k.startswith("want:"))
     for name in names:
         assert reference.relative_error(saved[f"got:{name}"], saved[f"want:{name}"]) <= tolerance, name
-    np.testing.assert_allclose(saved["losses"], saved["reference_losses"], rtol=1e-5)
+    # History as single-device fit's: the loss and every compiled metric, per epoch, over the
+    # whole global batch (AUC from the ranks' summed confusion matrices)
+    got, want = json.loads(str(saved["history"])), json.loads(str(saved["reference_history"]))
+    assert sorted(got) == sorted(want) and len(want) > 1, (got, want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+
+
+def test_an_argument_fit_does_not_take_yet_is_one_clear_error():
+    import tf_keras
+    import parallax_tf as ptf
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+    model.compile("sgd", "mse")
+    with pytest.raises(ptf.ConfigError, match=r"ptf.fit does not take \['callbacks', 'validation_data'\] yet"):
+        ptf.fit(model, np.ones((4, 2)), np.ones((4, 1)), callbacks=[tf_keras.callbacks.History()],
+                validation_data=(np.ones((2, 2)), np.ones((2, 1))))
+    with pytest.raises(ptf.ModelError, match="ptf.fit needs a compiled model"):
+        ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), np.ones((4, 2)), np.ones((4, 1)))

@@ -45,7 +45,7 @@ class StepStats:
         if loss is not None:
             self.losses.append(loss)
         for name, value in (metrics or {}).items():
-            self.metrics.setdefault(name, []).append(float(value))
+            self.metrics.setdefault(name, []).append(float(value) if np.ndim(value) == 0 else np.asarray(value))
         now = time.process_time()
         self.cpu_times.append(now - self._cpu_mark)
         self._cpu_mark = now
@@ -113,7 +113,8 @@ class Progress(Hook):
         step_s, rate = stats.recent_rate()
         eta = (self.total - step) * step_s
         moved, whose = bytes_per_rank(stats, self.ranks)
-        metrics = "".join(f" {name} {values[-1]:.4f}" for name, values in sorted(stats.metrics.items()))
+        metrics = "".join(f" {name} {values[-1]:.4f}" for name, values in sorted(stats.metrics.items())
+                          if np.ndim(values[-1]) == 0)
         line = (f"step {step}/{self.total} loss {loss:.4f}{metrics} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
                 f"eta {eta:.0f}s bytes/step/rank{whose} "
                 f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}")
@@ -197,7 +198,7 @@ class Summaries(Hook):
     def after_step(self, step, loss, stats):
         step_s, rate = stats.recent_rate(window=1)
         values = {"loss": loss, "examples_per_second": rate, "step_seconds": step_s}
-        values.update({f"metrics/{name}": v[-1] for name, v in stats.metrics.items()})
+        values.update({f"metrics/{name}": v[-1] for name, v in stats.metrics.items() if np.ndim(v[-1]) == 0})
         values.update({f"bytes_per_step/{route}": v[-1] for route, v in stats.bytes.items()})
         values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
         summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))

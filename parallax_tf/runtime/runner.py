@@ -108,6 +108,7 @@ class SyncStep:
     # session run as that step's, their feeds).
     scheduled: Callable[[int], tuple] = lambda step: ([], {})
     metric_names: List[str] = dataclasses.field(default_factory=list)   # Model.metrics in the report
+    metric_sizes: List[int] = dataclasses.field(default_factory=list)   # their elements (1: a scalar)
 
 
 class SyncRunner(Runner):
@@ -147,10 +148,10 @@ class SyncRunner(Runner):
                 out = session.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
             report = out["report"]
             mean_loss = report[0]          # every rank added its share
-            metrics_end = 2 + len(spec.metric_names)
+            metrics, metrics_end = _metrics_of(report, spec)
             stats.add(time.perf_counter() - begin, out["bytes"], self.rows_read(input_feeds, out) * data_ctx.size,
                       out["lower_bound"], dict(zip(spec.report_routes, report[metrics_end:])) if step > inputs.start
-                      else None, loss=float(mean_loss), metrics=dict(zip(spec.metric_names, report[2:metrics_end])))
+                      else None, loss=float(mean_loss), metrics=metrics)
             previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes]
             stats.checkpoint_requested = report[1] > 0
             inputs.tracer.record(step, metadata)
@@ -160,6 +161,15 @@ class SyncRunner(Runner):
             for hook in inputs.hooks:
                 hook.after_step(step + 1, float(mean_loss), stats)
         return losses
+
+
+def _metrics_of(report, spec: SyncStep):
+    """({name: mean over ranks, a float or, for a vector metric, an array}, where the bytes begin)."""
+    metrics, at = {}, 2
+    for name, size in zip(spec.metric_names, spec.metric_sizes or [1] * len(spec.metric_names)):
+        metrics[name] = float(report[at]) if size == 1 else np.array(report[at:at + size])
+        at += size
+    return metrics, at
 
 
 def _every_rank_reported() -> None:

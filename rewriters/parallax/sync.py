@@ -117,6 +117,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
     optimizers = [(o, [v for v in vs if v.name not in working_copies]) for o, vs in optimizers]
     step_spec = SyncStep(
         report=summed, report_routes=sorted(byte_counts), metric_names=report.metric_names,
+        metric_sizes=report.metric_sizes,
         checkpoint_request=report.checkpoint_request,
         previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
         lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])

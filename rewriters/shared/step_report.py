@@ -26,14 +26,15 @@ class StepReport:
         """`metrics` ({name: scalar tensor}, Model.metrics) are averaged over ranks beside the loss."""
         self.size = size
         self.metric_names = sorted(metrics or {})
-        shares = [tf.cast(metrics[name], tf.float64) / size for name in self.metric_names]
+        self.metric_sizes = [max(1, int(metrics[name].shape.num_elements())) for name in self.metric_names]
+        shares = [tf.reshape(tf.cast(metrics[name], tf.float64) / size, [-1]) for name in self.metric_names]
         self.checkpoint_request = tf.compat.v1.placeholder_with_default(tf.constant(0.0, tf.float64), [],
                                                                        name="parallax_ckpt_request")
         self.previous_bytes = tf.compat.v1.placeholder(tf.float64, [None], name="parallax_previous_bytes")
         count = tf.cast(tf.round(self.previous_bytes), tf.int64)
         pieces = tf.stack([count % 2 ** 16, count // 2 ** 16 % 2 ** 16, count // 2 ** 32])
-        self.local = tf.concat([tf.stack([tf.cast(loss_share, tf.float64), self.checkpoint_request] + shares),
-                                tf.reshape(tf.cast(pieces, tf.float64), [-1])], 0)
+        self.local = tf.concat([tf.stack([tf.cast(loss_share, tf.float64), self.checkpoint_request])] + shares +
+                               [tf.reshape(tf.cast(pieces, tf.float64), [-1])], 0)
 
     def summed(self, ridden: Optional[tf.Tensor] = None) -> tf.Tensor:
         """[loss, checkpoint requests, metrics..., previous step's bytes per route], summed over ranks.
@@ -43,7 +44,7 @@ class StepReport:
             import horovod.tensorflow as hvd
             ridden = hvd.allreduce(self.local, op=hvd.Sum, name="parallax_step_report")
         total = tf.cast(ridden if ridden is not None else self.local, tf.float64)
-        head = 2 + len(self.metric_names)
+        head = 2 + sum(self.metric_sizes)
         pieces = tf.reshape(tf.round(total[head:]), [3, -1])
         return tf.concat([total[:head], pieces[0] + pieces[1] * 2.0 ** 16 + pieces[2] * 2.0 ** 32], 0)
 
