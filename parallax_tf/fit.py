@@ -22,7 +22,7 @@ from parallax_tf.errors import ConfigError, ModelError
 from parallax_tf.model import Model
 
 GLOBAL_ROWS = "parallax_fit_global_rows"      # placeholder: the rows of this step's global batch
-# Arguments of tf_keras.Model.fit this version does not take yet, with why
+# Arguments of tf_keras.Model.fit this version does not take yet (each refused with one line)
 NOT_YET = ("callbacks", "validation_split", "validation_data", "class_weight", "sample_weight", "steps_per_epoch",
            "validation_steps", "initial_epoch")
 
@@ -67,8 +67,6 @@ class KerasSpec:
     def optimizer(self):
         """compile's optimizer as a fresh legacy tf_keras optimizer of the same class and settings
         (a new one per model_fn call: an optimizer belongs to one graph)."""
-        if self._optimizer is None:
-            self._optimizer = _legacy_optimizer(self.compiled.get("optimizer") or "rmsprop")
         made = self._optimizer
         return made if isinstance(made, tf.compat.v1.train.Optimizer) else made.__class__.from_config(made.get_config())
 
@@ -82,6 +80,7 @@ def _legacy_optimizer(chosen):
     if isinstance(chosen, (tf_keras.optimizers.legacy.Optimizer, tf.compat.v1.train.Optimizer)):
         return chosen
     return tf_keras.__internal__.optimizers.convert_to_legacy_optimizer(chosen)
+
 
 def _name(variable) -> str:
     return variable.name.split(":")[0]
@@ -231,19 +230,28 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", shuffl
         history.plan = result.plan
         return history
     spec.model.set_weights([result.variables[_name(w)] for w in spec.model.weights])
-    sizes = [len(global_batch(s)) for s in range(epochs * per_epoch)]
-    losses = result.mean_losses
-    history.epoch = list(range(epochs))
-    history.history = {"loss": [float(np.average(losses[e * per_epoch:(e + 1) * per_epoch],
-                                                 weights=sizes[e * per_epoch:(e + 1) * per_epoch]))
-                                for e in range(epochs)]}
-    ranks = result.plan.num_ranks
-    for key, remake in built_metrics.items():
-        steps = result.metrics[key]
-        history.history[key] = [_result_of(remake, ranks * np.sum(steps[e * per_epoch:(e + 1) * per_epoch], 0))
-                                for e in range(epochs)]
+    _fill_history(history, result, built_metrics, [len(global_batch(s)) for s in range(epochs * per_epoch)],
+                  per_epoch)
     history.plan = result.plan
     return history
+
+
+def _fill_history(history, result, built_metrics: dict, rows: List[int], per_epoch: int) -> None:
+    """History's epochs and values as Keras keeps them, for the epochs this call trained (a run
+    resumed from a checkpoint starts at result.start_step): the loss is the mean of the batches'
+    losses weighted by their rows; a metric's value comes from its state summed over the epoch."""
+    first = result.start_step
+    trained = range(first, first + len(result.mean_losses))
+    epochs = sorted({step // per_epoch for step in trained})
+    history.epoch = epochs
+    history.history = {"loss": []}
+    for epoch in epochs:
+        steps = [s for s in range(epoch * per_epoch, (epoch + 1) * per_epoch) if s in trained]
+        history.history["loss"].append(float(np.average([result.mean_losses[s - first] for s in steps],
+                                                        weights=[rows[s] for s in steps])))
+        for key, remake in built_metrics.items():
+            state = result.plan.num_ranks * np.sum([result.metrics[key][s - first] for s in steps], 0)
+            history.history.setdefault(key, []).append(_result_of(remake, state))
 
 
 def _is_mean(metric) -> bool:

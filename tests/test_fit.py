@@ -40,3 +40,19 @@ def test_an_argument_fit_does_not_take_yet_is_one_clear_error():
                 validation_data=(np.ones((2, 2)), np.ones((2, 1))))
     with pytest.raises(ptf.ModelError, match="ptf.fit needs a compiled model"):
         ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), np.ones((4, 2)), np.ones((4, 1)))
+
+
+def _history(argv) -> dict:
+    proc = launch.run_ranks(1, ["tests/jobs/fit_resume_job.py", *argv, "--log_every=0"], launcher="python", timeout=180)
+    assert proc.returncode == 0, launch.tail(proc)
+    return json.loads(proc.stdout.split("history ", 1)[1])
+
+
+def test_a_resumed_fit_reports_the_epochs_it_trained_as_an_uninterrupted_one():
+    ckpt = tempfile.mkdtemp(prefix="ptf-fit-ckpt-")
+    whole = _history(["3"])
+    assert _history(["1", f"--ckpt_dir={ckpt}"])["epoch"] == [0]
+    resumed = _history(["3", f"--ckpt_dir={ckpt}"])      # from the end of epoch 0 (step 7)
+    assert resumed["epoch"] == [1, 2]
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(resumed[key], whole[key][1:], rtol=1e-6, err_msg=key)
