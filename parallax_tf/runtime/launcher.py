@@ -141,7 +141,10 @@ class RankOutput:
 
 
 def _stopped_note(line: str) -> bool:
-    return line == "Terminated" or re.match(r"parallax_tf rank \d+: the launcher is stopping the job", line) is not None
+    """The shell's or a rank's note that this launcher stopped it, saying nothing more (a note
+    that names a lost peer stays: it says why the job ends)."""
+    return line == "Terminated" or \
+        re.match(r"parallax_tf rank \d+: the launcher is stopping the job \(SIGTERM\)\. Stopping", line) is not None
 
 
 def write_expendable(ranks, why: str) -> None:
