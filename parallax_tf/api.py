@@ -22,9 +22,9 @@ from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
-from parallax_tf.runtime.hooks import (Checkpointer, Hook, Progress, StepStats, StepTracer, Summaries,
+from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepStats, StepTracer, Summaries,
                                       format_histogram)
-from parallax_tf.runtime.runner import RunInputs
+from parallax_tf.runtime.runner import RunInputs, SyncRunner
 from parallax_tf.runtime.watchdog import Watchdog, launcher_address
 from parallax_tf.values import StateIO, collect_state
 
@@ -122,7 +122,10 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
         phases["session"] = time.time()
         if topo.is_chief and start:
             print(f"resumed from {_newest([store, commits])} at step {start}", flush=True)
+        live = LiveRun(topo.rank, topo.size, lambda: state_io.read(sess), state_io.collective,
+                       isinstance(dgraph.runner, SyncRunner))
         for hook in hooks:
+            hook.attach(live)
             hook.begin(start)
         StepStats.profile_threads_from = opts.profile_threads_from
         began, cpu_began = time.perf_counter(), time.process_time()

@@ -1,4 +1,6 @@
 """ptf.fit against single-device tf_keras fit, run eagerly in the same job (real ranks)."""
+import csv
+import functools
 import json
 import os
 import tempfile
@@ -8,38 +10,94 @@ import pytest
 
 from tests import launch, reference
 
+DEGENERATE_SLIM_DP = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
+# one job per rank count, each ptf.fit call a case on a strategy (tests/jobs/fit_job.py)
+RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "mlp:allreduce", "mlp:auto", "mlp:slim_dp"],
+        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid"]}
 
-@pytest.mark.parametrize("case,strategy,ranks", [("mlp", "hybrid", 2), ("mlp", "ps", 3),
-                                                 ("wide_deep", "hybrid", 2), ("wide_deep", "allreduce", 3)])
-def test_fit_equals_single_device_fit(case, strategy, ranks):
+
+@functools.lru_cache(maxsize=None)
+def _job(ranks: int) -> str:
     out = tempfile.mkdtemp(prefix="ptf-fit-")
-    proc = launch.run_ranks(1, ["tests/jobs/fit_job.py", f"--case={case}", f"--out={out}", f"--np={ranks}",
-                                f"--strategy={strategy}", "--log_every=0"], launcher="python", timeout=300)
+    proc = launch.run_ranks(1, ["tests/jobs/fit_job.py", f"--runs={','.join(RUNS[ranks])}", f"--out={out}",
+                                f"--np={ranks}", "--log_every=0", *DEGENERATE_SLIM_DP], launcher="python", timeout=400)
     assert proc.returncode == 0, launch.tail(proc)
-    saved = np.load(os.path.join(out, f"{case}.npz"))
+    return out
+
+
+@pytest.mark.parametrize("ranks,run", [(ranks, run) for ranks, runs in RUNS.items() for run in runs])
+def test_fit_equals_single_device_fit(ranks, run):
+    out = _job(ranks)
+    case, strategy = run.split(":")
     tolerance = 1e-4 if case == "mlp" else 1e-5     # Adam: 1e-4
-    names = [k[4:] for k in saved.files if k.startswith("got:")]
-    assert names and sorted(names) == sorted(k[5:] for k in saved.files if k.startswith("want:"))
-    for name in names:
-        assert reference.relative_error(saved[f"got:{name}"], saved[f"want:{name}"]) <= tolerance, name
-    # History as single-device fit's: the loss and every compiled metric, per epoch, over the
-    # whole global batch (AUC from the ranks' summed confusion matrices)
-    got, want = json.loads(str(saved["history"])), json.loads(str(saved["reference_history"]))
-    assert sorted(got) == sorted(want) and len(want) > 1, (got, want)
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for rank in range(ranks):
+        saved = np.load(os.path.join(out, f"{case}.{strategy}.rank{rank}.npz"))
+        count = len([k for k in saved.files if k.startswith("got:")])
+        assert count and count == len([k for k in saved.files if k.startswith("want:")])
+        for i in range(count):      # history.model holds the trained weights on every rank
+            assert reference.relative_error(saved[f"got:{i}"], saved[f"want:{i}"]) <= tolerance, (rank, i)
+        # History as single-device fit's on every rank: the loss, every compiled metric and
+        # val_*, per epoch, over the whole global batch (AUC from the ranks' summed state)
+        got, want = json.loads(str(saved["history"])), json.loads(str(saved["reference_history"]))
+        seen = (got.pop("seen", None), want.pop("seen", None))
+        assert sorted(got) == sorted(["epoch", *want]) and any(k.startswith("val_") for k in want), (got, want)
+        assert got["epoch"] == list(range(len(want["loss"])))
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+        if seen[1] is not None:     # the custom callback: on rank 0 only, with the epoch's weights
+            assert seen[0] == ([] if rank else seen[0]) and (rank or np.allclose(seen[0], seen[1], rtol=1e-5, atol=1e-6))
 
 
-def test_an_argument_fit_does_not_take_yet_is_one_clear_error():
+def test_early_stopping_stops_every_rank_and_the_callbacks_wrote_their_files():
+    """EarlyStopping on rank 0 ends all ranks after epoch 2 of 4, as it ends single-device fit;
+    CSVLogger and ModelCheckpoint wrote the epochs' logs and the trained weights."""
+    import tf_keras
+    out = _job(2)
+    for rank in range(2):
+        got = json.loads(str(np.load(os.path.join(out, f"wide_deep.hybrid.rank{rank}.npz"))["history"]))
+        assert got["epoch"] == [0, 1], got
+    with open(os.path.join(out, "wide_deep.hybrid.csv")) as f:
+        rows = list(csv.DictReader(f))
+    history = json.loads(str(np.load(os.path.join(out, "wide_deep.hybrid.rank0.npz"))["history"]))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    np.testing.assert_allclose([float(r["val_auc"]) for r in rows], history["val_auc"], rtol=1e-6)
+    model = tf_keras.models.clone_model(_wide_deep_shape())
+    model.load_weights(os.path.join(out, "wide_deep.hybrid.weights.h5"))
+    saved = np.load(os.path.join(out, "wide_deep.hybrid.rank0.npz"))
+    for i, value in enumerate(model.get_weights()):
+        np.testing.assert_allclose(value, saved[f"got:{i}"], rtol=1e-6)
+
+
+def _wide_deep_shape():
+    from tests.jobs import fit_job
+    return fit_job.wide_deep_model()
+
+
+def test_what_fit_cannot_serve_is_one_clear_error():
     import tf_keras
     import parallax_tf as ptf
     model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
     model.compile("sgd", "mse")
-    with pytest.raises(ptf.ConfigError, match=r"ptf.fit does not take \['callbacks', 'validation_data'\] yet"):
-        ptf.fit(model, np.ones((4, 2)), np.ones((4, 1)), callbacks=[tf_keras.callbacks.History()],
-                validation_data=(np.ones((2, 2)), np.ones((2, 1))))
+    x, y = np.ones((4, 2)), np.ones((4, 1))
+    with pytest.raises(ptf.ConfigError, match="ptf.fit does not take validation_freq: ptf.fit validates after "
+                                              "every epoch"):
+        ptf.fit(model, x, y, validation_freq=2)
+    with pytest.raises(ptf.ConfigError, match="ptf.fit cannot take the callback ReduceLROnPlateau: it changes the "
+                                              "eager model's optimizer"):
+        ptf.fit(model, x, y, callbacks=[tf_keras.callbacks.ReduceLROnPlateau()])
+
+    class PerBatch(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+    with pytest.raises(ptf.ConfigError, match=r"callback PerBatch: it acts on every training batch "
+                                              r"\(on_train_batch_end\)"):
+        ptf.fit(model, x, y, callbacks=[PerBatch()])
+    with pytest.raises(ptf.ConfigError, match="steps_per_epoch is for a dataset input"):
+        ptf.fit(model, x, y, steps_per_epoch=2)
+    with pytest.raises(ptf.ConfigError, match=r"class_weight needs the keys 0 to 1; got \[0, 2\]"):
+        ptf.fit(model, x, y, class_weight={0: 1.0, 2: 1.0})
     with pytest.raises(ptf.ModelError, match="ptf.fit needs a compiled model"):
-        ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), np.ones((4, 2)), np.ones((4, 1)))
+        ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), x, y)
 
 
 def _history(argv) -> dict:

@@ -1,11 +1,12 @@
 """What rank 0 does between steps: progress, checkpoints, TensorBoard, step traces."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +35,7 @@ class StepStats:
         self.metrics: Dict[str, List[float]] = {}       # Model.metrics, per step
         self.loss_scope = "mean over ranks"             # whose loss and metrics those are
         self.checkpoint_requested = False               # the last step's collective decision
+        self.stop_requested = False                     # a hook ends training after this step
         self.extras: Dict[str, object] = {}             # what a strategy's own loop reports
         # live per-rank histograms a strategy's loop keeps: name -> rank -> bucket -> count
         self.histograms: Dict[str, Dict[int, Dict[int, int]]] = {}
@@ -75,8 +77,25 @@ class StepStats:
         return step_s, (per_step / step_s if step_s else 0.0)
 
 
+@dataclasses.dataclass
+class LiveRun:
+    """What a hook may reach of the run it watches (Hook.attach)."""
+    rank: int
+    size: int
+    # the trained state as single-device names -> values; collective when `reads_together`
+    # (every rank must call it at the same step), else any rank may call it alone
+    read_state: Callable[[], Dict[str, np.ndarray]]
+    reads_together: bool
+    stops_together: bool      # the ranks step together, so stats.stop_requested ends them at one step
+
+
 class Hook:
-    """Called by the runner around and between steps; run(hooks=[...]) adds the user's own."""
+    """Called by the runner around and between steps; run(hooks=[...]) adds the user's own.
+    A hook may end training after a step by setting `stats.stop_requested` in after_step on
+    every rank at the same step (a synchronous strategy's loop stops there)."""
+
+    def attach(self, live: LiveRun) -> None:
+        """Before begin(): the run this hook watches."""
 
     def begin(self, step: int) -> None:
         """Training starts at global step `step` (after initialisation, before the first step)."""

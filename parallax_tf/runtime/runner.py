@@ -52,8 +52,9 @@ class Runner:
             losses = self.train(session, inputs, stats)
         finally:
             inputs.tracer.write()
+        end = inputs.start + len(stats.times) if stats.stop_requested else inputs.steps
         for hook in inputs.hooks:      # only after a clean finish: never checkpoint a broken state
-            hook.end(inputs.steps)
+            hook.end(end)
         return losses, stats
 
     def train(self, session, inputs: RunInputs, stats: StepStats) -> List[float]:
@@ -160,6 +161,8 @@ class SyncRunner(Runner):
             self.check_finite(mean_loss, "the loss (mean over ranks)", f" at step {step + 1}", all_ranks=ctx.size > 1)
             for hook in inputs.hooks:
                 hook.after_step(step + 1, float(mean_loss), stats)
+            if stats.stop_requested:
+                break
         return losses
 
 

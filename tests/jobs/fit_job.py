@@ -1,6 +1,13 @@
-"""ptf.fit on a compiled tf_keras model (--case mlp: Sequential, 'adam', sparse labels; --case
-wide_deep: functional, two Embedding inputs, a new-Keras Adagrad object, shuffle on). Rank 0
-saves the trained weights and the History's losses, and single-device fit's, to --out."""
+"""ptf.fit against single-device tf_keras fit, run eagerly in the same job. --runs is a list of
+case:strategy; each rank saves, per run, the trained weights, the History (and the
+reference's) to --out/<case>.<strategy>.rank<r>.npz.
+
+mlp: Sequential, 'adam', sparse labels, accuracy, shuffle on, validation_split, class_weight.
+wide_deep: functional, two Embedding inputs, a new-Keras Adagrad object, AUC and binary
+  accuracy, validation_data, EarlyStopping (stops after 2 of 4 epochs), ModelCheckpoint,
+  CSVLogger and a custom on_epoch_end callback on rank 0.
+subclassed: a subclassed model through the function form, trained from a tf.data dataset of
+  (x, y, sample_weight) batches, validated on a dataset."""
 import json
 import os
 import sys
@@ -9,26 +16,43 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-flags.DEFINE_string("case", "mlp", "mlp or wide_deep")
-flags.DEFINE_string("out", None, "where rank 0 writes <case>.npz")
+flags.DEFINE_list("runs", ["mlp:hybrid"], "case:strategy, ...")
+flags.DEFINE_string("out", None, "where each rank writes <case>.<strategy>.rank<r>.npz")
 FLAGS = flags.FLAGS
-EPOCHS = 2
+RANK = int(os.environ.get("HOROVOD_RANK", "0"))
 
 
-def mlp():
+def mlp_model():
     tf_keras.utils.set_random_seed(1)
     model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu", input_shape=(4,), name="h"),
                                  tf_keras.layers.Dense(3, name="out")])
     model.compile(optimizer="adam", loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
+    return model
+
+
+def mlp(strategy):
     rng = np.random.RandomState(0)
-    return model, rng.rand(100, 4).astype(np.float32), rng.randint(0, 3, 100), 16, False
+    x, y = rng.rand(100, 4).astype(np.float32), rng.randint(0, 3, 100)
+    weights = {0: 1.0, 1: 2.0, 2: 0.5}
+    model = mlp_model()
+    history = ptf.fit(model, x, y, batch_size=16, epochs=2, validation_split=0.2, class_weight=weights,
+                      strategy=strategy)
+    reference, want = mlp_model(), {}
+    for epoch in range(2):      # single-device fit on the epoch orders ptf.fit drew (seed + epoch)
+        order = np.random.RandomState(epoch).permutation(80)
+        for key, values in reference.fit(x[:80][order], y[:80][order], batch_size=16, epochs=1, shuffle=False,
+                                         class_weight=weights, validation_data=(x[80:], y[80:]),
+                                         verbose=0).history.items():
+            want.setdefault(key, []).extend(values)
+    return model, history, reference, want
 
 
-def wide_deep():
+def wide_deep_model():
     tf_keras.utils.set_random_seed(2)
     user = tf_keras.Input(shape=(1,), name="user", dtype="int64")
     item = tf_keras.Input(shape=(1,), name="item", dtype="int64")
@@ -39,30 +63,80 @@ def wide_deep():
     model = tf_keras.Model([user, item, dense], tf_keras.layers.Dense(1, activation="sigmoid", name="click")(h))
     model.compile(optimizer=tf_keras.optimizers.Adagrad(0.1), loss="binary_crossentropy",
                   metrics=[tf_keras.metrics.AUC(name="auc"), "binary_accuracy"])
+    return model
+
+
+class EpochsSeen(tf_keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append([epoch, float(logs["val_auc"]), float(self.model.get_weights()[0].sum())])
+
+
+def wide_deep(strategy):
     rng = np.random.RandomState(0)
-    x = {"user": rng.randint(0, 50, (90, 1)), "item": rng.randint(0, 40, (90, 1)),
-         "dense": rng.rand(90, 3).astype(np.float32)}
-    return model, x, rng.randint(0, 2, (90, 1)).astype(np.float32), 20, True
+    x = {"user": rng.randint(0, 50, (110, 1)), "item": rng.randint(0, 40, (110, 1)),
+         "dense": rng.rand(110, 3).astype(np.float32)}
+    y = rng.randint(0, 2, (110, 1)).astype(np.float32)
+    train, val = ({k: v[:90] for k, v in x.items()}, y[:90]), ({k: v[90:] for k, v in x.items()}, y[90:])
+
+    def stop():      # no epoch improves the loss by 10: stops after epoch 2 of 4
+        return tf_keras.callbacks.EarlyStopping(monitor="loss", min_delta=10, patience=1)
+    seen = EpochsSeen()
+    out = os.path.join(FLAGS.out, f"wide_deep.{strategy}")
+    callbacks = [stop(), seen, tf_keras.callbacks.CSVLogger(out + ".csv"),
+                 tf_keras.callbacks.ModelCheckpoint(out + ".weights.h5", save_weights_only=True)]
+    model = wide_deep_model()
+    history = ptf.fit(model, *train, batch_size=20, epochs=4, shuffle=False, validation_data=val,
+                      callbacks=callbacks, strategy=strategy)
+    history.history["seen"] = seen.seen
+    reference = wide_deep_model()
+    seen_there = EpochsSeen()
+    want = reference.fit(*train, batch_size=20, epochs=4, shuffle=False, validation_data=val,
+                         callbacks=[stop(), seen_there], verbose=0).history
+    want["seen"] = seen_there.seen
+    return model, history, reference, want
+
+
+class Subclassed(tf_keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = tf_keras.layers.Dense(6, activation="tanh")
+        self.top = tf_keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.top(self.hidden(inputs))
+
+
+def subclassed_model():
+    tf_keras.utils.set_random_seed(3)
+    model = Subclassed()
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.5), loss="mse", metrics=["mae"])
+    return model
+
+
+def subclassed(strategy):
+    rng = np.random.RandomState(0)
+    x, y, w = rng.rand(70, 5).astype(np.float32), rng.rand(70, 1).astype(np.float32), rng.rand(70).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x[:60], y[:60], w[:60])).batch(16)
+    val = tf.data.Dataset.from_tensor_slices((x[60:], y[60:])).batch(4)
+    history = ptf.fit(subclassed_model, data, epochs=2, validation_data=val, strategy=strategy)
+    reference = subclassed_model()
+    want = reference.fit(data, epochs=2, validation_data=val, verbose=0).history
+    return history.model, history, reference, want
 
 
 def main(argv):
-    make = {"mlp": mlp, "wide_deep": wide_deep}[FLAGS.case]
-    model, x, y, batch, shuffle = make()
-    history = ptf.fit(model, x, y, batch_size=batch, epochs=EPOCHS, shuffle=shuffle)
-    reference, x, y, batch, shuffle = make()
-    want = {}
-    rows = len(y)
-    for epoch in range(EPOCHS):      # single-device fit on the epoch orders ptf.fit drew (seed + epoch)
-        order = np.random.RandomState(epoch).permutation(rows) if shuffle else np.arange(rows)
-        xs = {k: v[order] for k, v in x.items()} if isinstance(x, dict) else x[order]
-        for key, values in reference.fit(xs, y[order], batch_size=batch, epochs=1, shuffle=False,
-                                         verbose=0).history.items():
-            want.setdefault(key, []).extend(values)
-    if os.environ.get("HOROVOD_RANK", "0") == "0":
-        np.savez(os.path.join(FLAGS.out, f"{FLAGS.case}.npz"), history=json.dumps(history.history),
-                 reference_history=json.dumps(want),
-                 **{f"got:{w.name}": v for w, v in zip(model.weights, model.get_weights())},
-                 **{f"want:{w.name}": v for w, v in zip(reference.weights, reference.get_weights())})
+    for run in FLAGS.runs:
+        case, strategy = run.split(":")
+        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed}[case](strategy)
+        np.savez(os.path.join(FLAGS.out, f"{case}.{strategy}.rank{RANK}.npz"),
+                 history=json.dumps({"epoch": history.epoch, **history.history}),
+                 reference_history=json.dumps(want),     # weights in the models' order (a subclassed
+                 **{f"got:{i}": v for i, v in enumerate(model.get_weights())},     # one's names differ)
+                 **{f"want:{i}": v for i, v in enumerate(reference.get_weights())})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""What a single-device script compiled: the model to rebuild in the toolkit's graph, its
+starting weights and compile's choices (optimizer, loss, metrics)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.errors import ModelError
+
+
+class KerasSpec:
+    """A compiled tf_keras model (or a function returning one) read once, eagerly."""
+
+    def __init__(self, model):
+        import tf_keras
+        self.builder: Optional[Callable] = None
+        if not isinstance(model, tf_keras.Model) and callable(model):
+            self.builder, model = model, model()
+        if not isinstance(model, tf_keras.Model):
+            raise ModelError(f"ptf.fit takes a compiled tf_keras model or a function returning one; got "
+                             f"{type(model).__name__}")
+        if not getattr(model, "_is_compiled", False):
+            raise ModelError("ptf.fit needs a compiled model: call model.compile(optimizer=..., loss=...) first")
+        self.model = model
+        self.compiled = dict(model._compile_config.config)     # compile's own arguments (tf_keras private)
+        # a subclassed model has no graph of layers to clone: the function form builds it and
+        # the toolkit calls it on placeholders named after x's keys (or "x")
+        self.subclassed = not getattr(model, "_is_graph_network", False)
+        if self.subclassed and self.builder is None:
+            raise ModelError(f"ptf.fit takes a subclassed model ({type(model).__name__}) through a function that "
+                             "builds and compiles it: ptf.fit(make_model, x, y, ...)")
+        self.input_names = [] if self.subclassed else list(model.input_names)
+        self.output_names = ["output_1"] if self.subclassed else list(model.output_names)
+        self.weights: Dict[str, object] = {}
+        self._optimizer = _legacy_optimizer(self.compiled.get("optimizer") or "rmsprop")
+
+    def adopt(self, x) -> None:
+        """Reads the eager model's starting weights, building a subclassed model first on x (a
+        batch's inputs, as Keras builds it on fit's first batch)."""
+        if self.subclassed:
+            self.input_names = sorted(x) if isinstance(x, dict) else ["x"]
+            if not self.model.built:
+                self.model(x if isinstance(x, dict) else np.asarray(x))
+        self.weights = {weight_name(w): w.numpy() for w in self.model.weights}
+
+    def call_on(self, net, inputs: Dict[str, object]) -> list:
+        """The rebuilt model's outputs: a cloned graph network's own, a subclassed one called on
+        `inputs` (placeholders by input name)."""
+        if not self.subclassed:
+            return list(net.outputs)
+        called = net(inputs if self.input_names != ["x"] else inputs["x"])
+        if isinstance(called, (list, tuple, dict)):
+            raise ModelError("ptf.fit takes a subclassed model with one output; give a functional model for more")
+        return [called]
+
+    @contextlib.contextmanager
+    def rebuild(self):
+        """The model again, in the current (graph-mode) graph, each variable starting from the
+        eager model's value (created on entering, or for a subclassed model while it is first
+        called inside the block)."""
+        import tf_keras
+        matched = set()
+
+        def creator(next_creator, **kwargs):
+            scope = tf.compat.v1.get_default_graph().get_name_scope()
+            name = f"{scope}/{kwargs.get('name')}" if scope else kwargs.get("name")
+            if name in self.weights:
+                kwargs["initial_value"] = self.weights[name]
+                matched.add(name)
+            return next_creator(**kwargs)
+        with tf.variable_creator_scope(creator):
+            net = self.builder() if self.builder is not None else tf_keras.models.clone_model(self.model)
+            yield net
+        missing = sorted(set(self.weights) - matched)
+        if missing:
+            raise ModelError(f"ptf.fit rebuilt the model without the weight(s) {missing[:3]} of the compiled one; "
+                             "build one model per call of the function you give ptf.fit (its weights' names "
+                             "must not depend on models built before it)")
+
+    def optimizer(self):
+        """compile's optimizer as a fresh legacy tf_keras optimizer of the same class and settings
+        (a new one per model_fn call: an optimizer belongs to one graph)."""
+        made = self._optimizer
+        return made if isinstance(made, tf.compat.v1.train.Optimizer) else made.__class__.from_config(made.get_config())
+
+    def per_output(self, what: str, default=None) -> Dict[str, object]:
+        """compile's `what` (loss, loss_weights) as one value per output name."""
+        value = self.compiled.get(what)
+        value = default if value is None else value
+        names = self.output_names
+        if isinstance(value, dict):
+            missing = [n for n in names if n not in value]
+            if missing:
+                raise ModelError(f"compile's {what} has no entry for output(s) {missing}")
+            return {n: value[n] for n in names}
+        if isinstance(value, (list, tuple)):
+            if len(value) != len(names):
+                raise ModelError(f"compile's {what} has {len(value)} entries for {len(names)} outputs")
+            return dict(zip(names, value))
+        return {n: value for n in names}
+
+    def set_weights(self, values: Dict[str, object]) -> None:
+        """The eager model's weights from trained values keyed by single-device names."""
+        self.eager_classes()
+        self.model.set_weights([values[weight_name(w)] for w in self.model.weights])
+
+    def eager_classes(self) -> None:
+        """The eager model's classes back on tf_keras' v2 bases. tf_keras picks a Model's and a
+        Layer's base class (v1 graph or v2) when one is made, by rewriting the class's __bases__
+        for every instance: the rebuild in the toolkit's graph left the eager model's classes
+        on the v1 ones, whose evaluate, predict and save are the graph-mode ones."""
+        from tf_keras.src.engine import base_layer, base_layer_v1, training, training_v1
+        from tf_keras.src.utils.version_utils import swap_class
+        for layer in [self.model, *self.model._flatten_layers(include_self=False)]:
+            swap_class(type(layer), training.Model, training_v1.Model, use_v2=True)
+            swap_class(type(layer), base_layer.Layer, base_layer_v1.Layer, use_v2=True)
+
+
+def eagerly():
+    """Eager execution inside the toolkit's graph (input_fn and hooks are called with it as the
+    default): the script's own model and datasets live eagerly."""
+    return tf.__internal__.eager_context.eager_mode()
+
+
+def _legacy_optimizer(chosen):
+    """The legacy optimizer equivalent to compile's `optimizer` (read eagerly, as the new
+    optimizers' settings can only be)."""
+    import tf_keras
+    if isinstance(chosen, str):
+        return tf_keras.optimizers.get(chosen, use_legacy_optimizer=True)
+    if isinstance(chosen, (tf_keras.optimizers.legacy.Optimizer, tf.compat.v1.train.Optimizer)):
+        return chosen
+    return tf_keras.__internal__.optimizers.convert_to_legacy_optimizer(chosen)
+
+
+def weight_name(variable) -> str:
+    return variable.name.split(":")[0]
+
+
+def metric_list(chosen, output: str) -> List[object]:
+    """compile's metrics (or weighted_metrics) for one output, as given."""
+    chosen = chosen or []
+    if isinstance(chosen, dict):
+        chosen = chosen.get(output) or []
+    return list(chosen) if isinstance(chosen, (list, tuple)) else [chosen]
