@@ -114,3 +114,13 @@ def test_a_resumed_fit_reports_the_epochs_it_trained_as_an_uninterrupted_one():
     assert resumed["epoch"] == [1, 2]
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(resumed[key], whole[key][1:], rtol=1e-6, err_msg=key)
+
+
+def test_the_keras_recommendation_model_learns_under_fit():
+    proc = launch.run_ranks(1, ["-m", "models.keras_recsys", "--np=2", "--krec_epochs=2", "--krec_rows=4000",
+                                "--krec_users=3000", "--krec_items=500", "--krec_batch=128", "--log_every=0"],
+                            launcher="python", timeout=300)
+    assert proc.returncode == 0, launch.tail(proc)
+    epochs = [line.split() for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    val_auc = [float(words[words.index("val_auc") + 1]) for words in epochs]
+    assert len(val_auc) == 2 and val_auc[1] > val_auc[0] and val_auc[1] > 0.7, proc.stdout

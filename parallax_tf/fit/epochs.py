@@ -58,21 +58,27 @@ class EpochEnds(Hook):
     """The hook behind fit's epochs (see the module's docstring)."""
 
     def __init__(self, spec, per_epoch: int, initial_epoch: int, epochs: int, rows_of: Callable[[int], int],
-                 built_metrics: dict, callbacks, history, validate: Optional[Callable[[], dict]],
+                 built_metrics: dict, callbacks: list, history, validate: Optional[Callable[[], dict]],
                  verbose: int):
         self.spec, self.per_epoch, self.initial_epoch, self.epochs = spec, per_epoch, initial_epoch, epochs
         self.rows_of, self.built_metrics, self.callbacks = rows_of, built_metrics, callbacks
         self.history, self.validate, self.verbose = history, validate, verbose
+        self.reads_weights = bool(callbacks) or validate is not None     # the same on every rank
         self.live: Optional[LiveRun] = None
         self.start = 0
         self.logs: Dict[str, float] = {}
 
     def attach(self, live):
+        import tf_keras
         if not live.stops_together:
             raise ConfigError("ptf.fit needs a strategy whose ranks step together (hybrid, ps, allreduce, auto, "
-                              "stanza, slim_dp): an epoch's end and a callback's stop must fall on the same step "
-                              "on every rank")
+                              "slim_dp): an epoch's end and a callback's stop must fall on the same step on every "
+                              "rank")
         self.live = live
+        # rank 0's alone: a callback may open its files as soon as it meets the model
+        self.callbacks = tf_keras.callbacks.CallbackList(self.callbacks, model=self.spec.model, epochs=self.epochs,
+                                                         steps=self.per_epoch, verbose=0) \
+            if self.chief and self.callbacks else None
 
     @property
     def chief(self) -> bool:
@@ -90,8 +96,7 @@ class EpochEnds(Hook):
             return
         epoch = self.initial_epoch + step // self.per_epoch - 1
         logs = self._train_logs(step, stats)
-        reads = self.callbacks is not None or self.validate is not None
-        values = self.live.read_state() if reads and (self.chief or self.live.reads_together) else None
+        values = self.live.read_state() if self.reads_weights and (self.chief or self.live.reads_together) else None
         stop = False
         with eagerly():
             if self.chief:
