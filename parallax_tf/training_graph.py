@@ -94,6 +94,7 @@ class _Recorder:
         self.in_apply: List[object] = []
         self.keras_layers: Dict[str, str] = {}
         self.keras_layer_objects: list = []
+        self.new_keras_optimizers: list = []     # new-Keras optimizers whose apply_gradients model_fn called
         self.variable_hook = variable_hook
 
     @contextlib.contextmanager
@@ -135,10 +136,19 @@ class _Recorder:
                     recorder.keras_layer_objects.append(layer)
             return var
 
+        new_class = _new_keras_optimizer_class()
+        new_apply = new_class.apply_gradients if new_class is not None else None
+
+        def new_apply_gradients(optimizer, *args, **kwargs):
+            recorder.new_keras_optimizers.append(optimizer)     # it trains nothing here: named if no apply is found
+            return new_apply(optimizer, *args, **kwargs)
+
         gradients_util._GradientsHelper = gradients_helper
         optimizer_class.apply_gradients = apply_gradients
         if keras_class is not None:
             keras_class.apply_gradients = keras_apply_gradients
+        if new_class is not None:
+            new_class.apply_gradients = new_apply_gradients
         try:
             with tf.variable_creator_scope(creator), _keras_constants_stay_in_the_graph():
                 yield
@@ -147,6 +157,8 @@ class _Recorder:
             optimizer_class.apply_gradients = apply
             if keras_class is not None:
                 keras_class.apply_gradients = keras_apply
+            if new_class is not None:
+                new_class.apply_gradients = new_apply
 
     def record_apply(self, apply, optimizer, grads_and_vars, global_step):
         """Runs `apply(pairs)` (an optimizer's apply_gradients) and records what it created. A
@@ -178,6 +190,15 @@ def _legacy_keras_optimizer_class():
     except ImportError:
         return None
     return optimizer_v2.OptimizerV2
+
+
+def _new_keras_optimizer_class():
+    """tf_keras' new Optimizer base class (tf_keras.optimizers.*), when tf_keras is installed."""
+    try:
+        from tf_keras.src.optimizers import optimizer
+    except ImportError:
+        return None
+    return optimizer.Optimizer
 
 
 def is_legacy_keras_optimizer(optimizer) -> bool:
@@ -312,6 +333,8 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None, shard: bool =
     inputs.warn_unsharded(needed)
     applies = [a for a in recorder.applies if a.op in needed]
     if not applies:
+        for optimizer in recorder.new_keras_optimizers:
+            _check_optimizer(optimizer)      # the message for a new Keras optimizer, naming its legacy class
         raise ModelError(f"train_op {train_op.name!r} runs no optimizer apply: build it with opt.minimize(loss) or "
                          "opt.apply_gradients(...) of a tf.compat.v1.train or tf_keras.optimizers.legacy optimizer")
     owners: Dict[str, Apply] = {}

@@ -199,6 +199,22 @@ def test_a_new_keras_optimizer_is_refused_naming_the_legacy_one():
         _run_plan_only(_dense_model(lambda: tf_keras.optimizers.Adam(0.1)), lambda ctx: {"x": np.ones([2, 2])})
 
 
+def test_a_new_keras_optimizer_in_the_users_own_train_op_gets_the_same_message():
+    import tf_keras
+
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        layer = tf_keras.layers.Dense(1)
+        loss = tf.reduce_mean(layer(x))
+        optimizer = tf_keras.optimizers.Adagrad(0.1)
+        grads = tf.gradients(loss, layer.trainable_variables)
+        return ptf.Model(loss=loss, train_op=optimizer.apply_gradients(zip(grads, layer.trainable_variables)))
+    with pytest.raises(ptf.ModelError, match=r"optimizer is tf_keras Adagrad: the new Keras optimizers train nothing "
+                                             r".*tf_keras.optimizers.legacy.Adagrad or "
+                                             r"tf.compat.v1.train.AdagradOptimizer"):
+        _run_plan_only(model_fn, lambda ctx: {"x": np.ones([2, 2], np.float32)})
+
+
 def test_a_legacy_keras_optimizer_is_taken():
     import tf_keras
     result = _run_plan_only(_dense_model(lambda: tf_keras.optimizers.legacy.Adam(0.1)),
