@@ -100,13 +100,14 @@ def test_what_fit_cannot_serve_is_one_clear_error():
         ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), x, y)
 
 
-def _history(argv) -> dict:
-    proc = launch.run_ranks(1, ["tests/jobs/fit_resume_job.py", *argv, "--log_every=0"], launcher="python", timeout=180)
+def _history(argv, env=None) -> dict:
+    proc = launch.run_ranks(1, ["tests/jobs/fit_resume_job.py", *argv, "--log_every=0"], launcher="python",
+                            timeout=180, env=env)
     assert proc.returncode == 0, launch.tail(proc)
-    return json.loads(proc.stdout.split("history ", 1)[1])
+    return json.loads(proc.stdout.split("history ", 1)[1].splitlines()[0])
 
 
-def test_a_resumed_fit_reports_the_epochs_it_trained_as_an_uninterrupted_one():
+def test_a_resumed_or_restarted_fit_ends_as_an_uninterrupted_one():
     ckpt = tempfile.mkdtemp(prefix="ptf-fit-ckpt-")
     whole = _history(["3"])
     assert _history(["1", f"--ckpt_dir={ckpt}"])["epoch"] == [0]
@@ -114,6 +115,16 @@ def test_a_resumed_fit_reports_the_epochs_it_trained_as_an_uninterrupted_one():
     assert resumed["epoch"] == [1, 2]
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(resumed[key], whole[key][1:], rtol=1e-6, err_msg=key)
+    # a rank lost at the end of epoch 1 (after step 14's checkpoint): the launcher restarts the
+    # job, which resumes at step 14 and ends as the uninterrupted fit
+    ckpt = tempfile.mkdtemp(prefix="ptf-fit-restart-")
+    stamp = os.path.join(ckpt, "died")
+    restarted = _history(["3", "--np=2", f"--ckpt_dir={ckpt}", "--ckpt_every=7", "--max_restarts=1"],
+                         env={"PARALLAX_TEST_DIE_AT_EPOCH": "1", "PARALLAX_TEST_STAMP": stamp})
+    assert os.path.exists(stamp) and restarted["epoch"] == [2], restarted
+    np.testing.assert_allclose(restarted["loss"], whole["loss"][2:], rtol=1e-5)
+    for got, want in zip(restarted["weights"], whole["weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def test_the_keras_recommendation_model_learns_under_fit():
