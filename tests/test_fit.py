@@ -92,6 +92,8 @@ def test_what_fit_cannot_serve_is_one_clear_error():
     with pytest.raises(ptf.ConfigError, match=r"callback PerBatch: it acts on every training batch "
                                               r"\(on_train_batch_end\)"):
         ptf.fit(model, x, y, callbacks=[PerBatch()])
+    with pytest.raises(ptf.ConfigError, match="ptf.fit does not train under --strategy stanza yet"):
+        ptf.fit(model, x, y, strategy="stanza")
     with pytest.raises(ptf.ConfigError, match="steps_per_epoch is for a dataset input"):
         ptf.fit(model, x, y, steps_per_epoch=2)
     with pytest.raises(ptf.ConfigError, match=r"class_weight needs the keys 0 to 1; got \[0, 2\]"):

@@ -78,8 +78,9 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
 
 
 def _refuse_a_loss_over_joined_batches(options) -> None:
-    """Stanza computes the loss once, on the FC node, over the conv nodes' batches joined; fit's
-    loss is each rank's share of the global batch's (for data-parallel ranks). Not combined yet."""
+    """Stanza computes the loss once, on the FC node, over the conv nodes' batches joined, and
+    reports no Model.metrics (its ranks hold different halves of the model); fit's loss is each
+    rank's share of the global batch's, its metrics ride the step report."""
     from parallax_tf import flags as ptf_flags
     if not ptf_flags.FLAGS.is_parsed():
         ptf_flags.parse_command_line(sys.argv)
