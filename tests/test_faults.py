@@ -136,7 +136,10 @@ def test_ctrl_c_is_named_sigint_and_stops_every_rank():
         pids = [int(open(os.path.join(marks, f)).read()) for f in sorted(os.listdir(marks)) if f.startswith("rank")]
         assert len(pids) == 2, f"the ranks did not start: {proc.poll()}"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the job did not end within 60 s of SIGINT:\n" + _processes_of(marks)) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -145,6 +148,19 @@ def test_ctrl_c_is_named_sigint_and_stops_every_rank():
     time.sleep(1)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+
+
+def _processes_of(marks: str) -> str:
+    """The job's processes still alive (the user's, the launcher, Horovod's helpers, the ranks)
+    and, where py-spy is installed, their Python stacks: what a job that did not end waits on."""
+    listing = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,etimes,args"], capture_output=True, text=True).stdout
+    alive = [line for line in listing.splitlines() if marks in line or "launcher.py" in line or "multiprocessing" in line]
+    stacks = []
+    spy = os.path.join(os.path.dirname(launch.PYTHON), "py-spy")
+    for line in alive if os.path.exists(spy) else []:
+        dump = subprocess.run([spy, "dump", "--pid", line.split()[0]], capture_output=True, text=True, timeout=30)
+        stacks.append(dump.stdout[-3000:])
+    return "\n".join(alive + stacks)
 
 
 def test_a_rank_shell_that_ends_while_it_is_stopped_prints_no_traceback(monkeypatch):
