@@ -161,28 +161,3 @@ def _processes_of(marks: str) -> str:
         dump = subprocess.run([spy, "dump", "--pid", line.split()[0]], capture_output=True, text=True, timeout=30)
         stacks.append(dump.stdout[-3000:])
     return "\n".join(alive + stacks)
-
-
-def test_a_rank_shell_that_ends_while_it_is_stopped_prints_no_traceback(monkeypatch):
-    """Horovod's per-rank helper stops a rank's shell with psutil; when the shell ends meanwhile,
-    Horovod 0.28.1 raises NoSuchProcess in a thread whose traceback reached the job's stderr
-    after a rank's one-line error. The launcher's helper swallows exactly that."""
-    import psutil
-    from horovod.runner.common.util import safe_shell_exec
-    from parallax_tf.runtime import launcher
-
-    def gone(pid):
-        raise psutil.NoSuchProcess(pid)
-    stopped = []
-
-    def horovod_helper(*args):
-        safe_shell_exec.terminate_executor_shell_and_children(4242)   # as Horovod's helper's thread calls it
-        stopped.append(args)
-        return 3
-    monkeypatch.setattr(safe_shell_exec, "terminate_executor_shell_and_children", gone)
-    monkeypatch.setattr(safe_shell_exec, "horovod_middleman", horovod_helper, raising=False)
-    assert launcher._middleman("cmd", {}) == 3 and stopped == [("cmd", {})]
-    monkeypatch.setattr(safe_shell_exec, "terminate_executor_shell_and_children",
-                        lambda pid: (_ for _ in ()).throw(psutil.AccessDenied(pid)))
-    with pytest.raises(psutil.AccessDenied):      # any other failure still shows
-        launcher._middleman("cmd", {})

@@ -177,9 +177,6 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     ended the job, its host, its status and whether it reported a user error."""
     from horovod.runner import gloo_run
     from horovod.runner.common.util import safe_shell_exec
-    if safe_shell_exec._exec_middleman is not _middleman:
-        safe_shell_exec.horovod_middleman = safe_shell_exec._exec_middleman
-        safe_shell_exec._exec_middleman = _middleman
     elsewhere = remote.remote_hosts(list(host_slots(hosts))) if ssh else set()
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
     env = dict(env, **{JOB_DIR_ENV: job_dir})
@@ -276,26 +273,6 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         print(f"parallax_tf launcher: stopped every rank on {_signal_name(signum)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     return failures[0] if failures else 0
-
-
-def _middleman(*args):
-    """Horovod's per-rank helper process (safe_shell_exec._exec_middleman), with its "stop the
-    rank" thread quiet when the rank's shell exits while it stops it: Horovod 0.28.1's
-    terminate_executor_shell_and_children then raises psutil.NoSuchProcess from children(), and
-    that thread's traceback reached the job's stderr after a rank's own one-line error. Spawned
-    by reference, so the child finds it in this (re-imported) module."""
-    import psutil
-    from horovod.runner.common.util import safe_shell_exec
-    terminate = safe_shell_exec.terminate_executor_shell_and_children
-
-    def terminate_quietly(pid):
-        try:
-            terminate(pid)
-        except psutil.NoSuchProcess:      # the rank's shell ended by itself meanwhile
-            pass
-    safe_shell_exec.terminate_executor_shell_and_children = terminate_quietly
-    # the child imported Horovod afresh: its _exec_middleman is Horovod's own
-    return getattr(safe_shell_exec, "horovod_middleman", safe_shell_exec._exec_middleman)(*args)
 
 
 def _signal_name(signum: int) -> str:
