@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests import launch, reference
+from parallax_tf.runtime.launch import LAUNCHER
 
 SIZE, DIE_AT, EVERY = 3, 12, 5
 
@@ -161,3 +162,28 @@ def _processes_of(marks: str) -> str:
         dump = subprocess.run([spy, "dump", "--pid", line.split()[0]], capture_output=True, text=True, timeout=30)
         stacks.append(dump.stdout[-3000:])
     return "\n".join(alive + stacks)
+
+
+def test_a_rank_helper_stopping_a_shell_that_ended_meanwhile_prints_nothing():
+    """Horovod's per-rank helper re-imports the launcher script as __mp_main__ and there its stop
+    thread's psutil call on a shell already reaped (both ranks ending on a NaN) is quiet: it
+    raised NoSuchProcess, whose traceback followed the NaN's one line. Other failures still show."""
+    helper = f"""if True:
+        import runpy, sys, psutil
+        sys.path.insert(0, {os.path.dirname(LAUNCHER)!r})
+        from horovod.runner.common.util import safe_shell_exec
+        def reaped(pid):
+            raise psutil.NoSuchProcess(pid)       # what children() raises once the shell is reaped
+        safe_shell_exec.terminate_executor_shell_and_children = reaped
+        runpy.run_path({LAUNCHER!r}, run_name="__mp_main__")
+        safe_shell_exec.terminate_executor_shell_and_children(4242)
+        print("stopped quietly", flush=True)
+        def denied(pid):
+            raise psutil.AccessDenied(pid)
+        safe_shell_exec.terminate_executor_shell_and_children = denied
+        runpy.run_path({LAUNCHER!r}, run_name="__mp_main__")
+        safe_shell_exec.terminate_executor_shell_and_children(4242)"""
+    proc = subprocess.run([launch.PYTHON, "-c", helper], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "stopped quietly\n", launch.tail(proc)
+    assert proc.returncode == 1 and "psutil.AccessDenied" in proc.stderr, launch.tail(proc)
+    assert "NoSuchProcess" not in proc.stderr, launch.tail(proc)
