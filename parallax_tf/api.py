@@ -67,7 +67,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     if opts.np is not None and opts.np != topo.size and cluster_lib.under_launcher():
         raise ConfigError(f"--np={opts.np} but the launcher started {topo.size} ranks; "
                           "drop --np under horovodrun/mpirun")
-    ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
+    ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0,
+                     batch_joined=strategy_lib.get(opts.strategy).batch_joined)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, shard_input=opts.shard_input,
                        **measurements(opts.strategy))
     phases["inspection"] = time.time()

@@ -73,6 +73,7 @@ class Capture:
     state: List[StateInfo] = dataclasses.field(default_factory=list)
     global_step: Optional[str] = None       # the model's own global step, when its train op advances one
     measured: Dict[str, object] = dataclasses.field(default_factory=dict)   # Measure.name -> what it found
+    metrics: List[str] = dataclasses.field(default_factory=list)   # the names in Model.metrics
 
 
 @dataclasses.dataclass
@@ -188,7 +189,8 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
     with graph.as_default():
         measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
-                   training.global_step.op.name if training.global_step is not None else None, measured)
+                   training.global_step.op.name if training.global_step is not None else None, measured,
+                   sorted(training.model.metrics or {}))
 
 
 def _initialise(sess, initializers) -> None:

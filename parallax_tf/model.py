@@ -22,7 +22,7 @@ class Model:
     init_op: object = None
     # {name: scalar tensor} reported beside the loss, averaged over ranks (progress line, summary,
     # Result.metrics, TensorBoard); a vector of fixed length is averaged element by element
-    # (Result.metrics only)
+    # (Result.metrics only). Where ctx.batch_joined, over the joined batches, weighted by rows
     metrics: Optional[Dict[str, object]] = None
 
 
@@ -34,6 +34,9 @@ class RunContext:
     local_rank: int = 0
     local_size: int = 1
     step: int = 0
+    # the strategy computes the loss once over the data ranks' batches joined (stanza's FC node):
+    # a loss that is the mean over the rows the graph sees is the single-device one
+    batch_joined: bool = False
 
 
 @dataclasses.dataclass

@@ -100,6 +100,9 @@ class Strategy:
     Options: type = NoOptions
     time_compute: bool = False      # inspection times a step (the cost model's compute term)
     measures: Tuple[object, ...] = ()   # inspect_graph.Measure objects: what else inspection finds
+    # its step computes the loss once over the data ranks' batches joined: model_fn's ctx says so
+    # (RunContext.batch_joined), from inspection on
+    batch_joined: bool = False
 
     def check(self, options) -> None:
         """Raises ConfigError for option values this strategy cannot run with."""

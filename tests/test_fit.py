@@ -13,7 +13,7 @@ from tests import launch, reference
 DEGENERATE_SLIM_DP = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
 # one job per rank count, each ptf.fit call a case on a strategy (tests/jobs/fit_job.py)
 RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "mlp:allreduce", "mlp:auto", "mlp:slim_dp"],
-        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid"]}
+        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza"]}
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,8 +92,6 @@ def test_what_fit_cannot_serve_is_one_clear_error():
     with pytest.raises(ptf.ConfigError, match=r"callback PerBatch: it acts on every training batch "
                                               r"\(on_train_batch_end\)"):
         ptf.fit(model, x, y, callbacks=[PerBatch()])
-    with pytest.raises(ptf.ConfigError, match="ptf.fit does not train under --strategy stanza yet"):
-        ptf.fit(model, x, y, strategy="stanza")
     with pytest.raises(ptf.ConfigError, match="steps_per_epoch is for a dataset input"):
         ptf.fit(model, x, y, steps_per_epoch=2)
     with pytest.raises(ptf.ConfigError, match=r"class_weight needs the keys 0 to 1; got \[0, 2\]"):

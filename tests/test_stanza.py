@@ -92,6 +92,19 @@ def test_micro_batches_with_batch_norm_are_refused():
         _plan(cases.build("cnn_bn", "momentum"), cases.input_fn_for("cnn_bn"), microbatches=2)
 
 
+def test_micro_batches_with_metrics_are_refused():
+    from parallax_tf.errors import ConfigError
+    build = cases.build("cnn", "momentum")
+
+    def with_metrics(ctx):
+        model = build(ctx)
+        return dataclasses.replace(model, metrics={"loss_again": model.loss})
+    with pytest.raises(ConfigError, match=r"--stanza_microbatches=2 with Model\(metrics=...\) \('loss_again'\): the "
+                                          r"FC node computes the metrics on the batch it receives whole"):
+        _plan(with_metrics, cases.input_fn_for("cnn"), microbatches=2)
+    assert _plan(with_metrics, cases.input_fn_for("cnn")).split.microbatches == 1
+
+
 def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
     """input_fn = lambda ctx: SHARDS[ctx.rank] with two shards at --np 3: the FC node (rank 2)
     never calls it, inspection included."""

@@ -8,15 +8,13 @@ over the ranks that read data, in order (np.array_split); epochs end in one deci
 follows (epochs)."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from parallax_tf.errors import ConfigError
 from parallax_tf.fit.data import (ArrayBatches, DatasetBatches, as_batch, keras_arguments, split_off_validation,
                                   with_class_weights)
 from parallax_tf.fit.epochs import EpochEnds, check_callbacks
-from parallax_tf.fit.graph import GLOBAL_ROWS, fit_model_fn
+from parallax_tf.fit.graph import GLOBAL_ROWS, BuiltMetrics, fit_model_fn
 from parallax_tf.fit.spec import KerasSpec
 
 # tf_keras.Model.fit's arguments ptf.fit refuses, each with why
@@ -40,7 +38,6 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     refused = sorted(k for k in options if k in REFUSED)
     if refused:
         raise ConfigError(f"ptf.fit does not take {refused[0]}: {REFUSED[refused[0]]}")
-    _refuse_a_loss_over_joined_batches(options)
     spec = KerasSpec(model)
     spec.adopt(_first_inputs(x))
     data, held_out = _training_data(spec, x, y, batch_size, shuffle, class_weight, sample_weight, steps_per_epoch,
@@ -55,7 +52,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     history = tf_keras.callbacks.History()
     history.set_model(spec.model)
     history.on_train_begin()
-    built_metrics: dict = {}
+    built_metrics = BuiltMetrics()
     epoch_ends = EpochEnds(spec, data.per_epoch, initial_epoch, epochs, data.rows_of, built_metrics, callbacks,
                            history, validate, verbose)
 
@@ -75,18 +72,6 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         spec.set_weights(result.variables)
     spec.model.history = history
     return history
-
-
-def _refuse_a_loss_over_joined_batches(options) -> None:
-    """Stanza computes the loss once, on the FC node, over the conv nodes' batches joined, and
-    reports no Model.metrics (its ranks hold different halves of the model); fit's loss is each
-    rank's share of the global batch's, its metrics ride the step report."""
-    from parallax_tf import flags as ptf_flags
-    if not ptf_flags.FLAGS.is_parsed():
-        ptf_flags.parse_command_line(sys.argv)
-    if (options.get("strategy") or ptf_flags.FLAGS.strategy) == "stanza":
-        raise ConfigError("ptf.fit does not train under --strategy stanza yet (its FC node computes the loss over "
-                          "the conv nodes' joined batches); use hybrid, ps, allreduce, auto or slim_dp")
 
 
 def _first_inputs(x):

@@ -58,7 +58,7 @@ class EpochEnds(Hook):
     """The hook behind fit's epochs (see the module's docstring)."""
 
     def __init__(self, spec, per_epoch: int, initial_epoch: int, epochs: int, rows_of: Callable[[int], int],
-                 built_metrics: dict, callbacks: list, history, validate: Optional[Callable[[], dict]],
+                 built_metrics, callbacks: list, history, validate: Optional[Callable[[], dict]],
                  verbose: int):
         self.spec, self.per_epoch, self.initial_epoch, self.epochs = spec, per_epoch, initial_epoch, epochs
         self.rows_of, self.built_metrics, self.callbacks = rows_of, built_metrics, callbacks
@@ -71,7 +71,7 @@ class EpochEnds(Hook):
     def attach(self, live):
         import tf_keras
         if not live.stops_together:
-            raise ConfigError("ptf.fit needs a strategy whose ranks step together (hybrid, ps, allreduce, auto, "
+            raise ConfigError("ptf.fit needs a strategy whose ranks step together (hybrid, ps, allreduce, auto, stanza, "
                               "slim_dp): an epoch's end and a callback's stop must fall on the same step on every "
                               "rank")
         self.live = live
@@ -133,7 +133,9 @@ class EpochEnds(Hook):
         steps = [s for s in range(step - self.per_epoch, step) if s >= self.start]
         at = [s - self.start for s in steps]
         logs = {"loss": float(np.average([stats.losses[i] for i in at], weights=[self.rows_of(s) for s in steps]))}
-        for key, remake in self.built_metrics.items():
-            state = self.live.size * np.sum([stats.metrics[key][i] for i in at], 0)
+        # each step's report: the mean over ranks of their states, or the state per row of its batch
+        scale = [self.rows_of(s) if self.built_metrics.per_row else self.live.size for s in steps]
+        for key, remake in self.built_metrics.remakes.items():
+            state = np.sum([k * np.asarray(stats.metrics[key][i]) for k, i in zip(scale, at)], 0)
             logs[key] = metric_result(remake, state)
         return logs

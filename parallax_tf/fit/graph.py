@@ -5,9 +5,15 @@ Keras computes an output's loss as the sum of each example's (sample-weighted) l
 the number of loss elements of the batch, times loss_weights, plus the model's regularisation
 losses. Each rank here holds a slice of the global batch and divides by the *global* batch's
 elements, times the number of ranks that read data: the mean over ranks of the ranks' gradients
-is then single-device Keras' gradient on the whole batch, also for an uneven last batch."""
+is then single-device Keras' gradient on the whole batch, also for an uneven last batch.
+
+Where the strategy computes the loss once over the ranks' batches joined (ctx.batch_joined:
+stanza's FC node), the loss is Keras' own mean over the rows the graph sees, and each metric's
+state is divided by those rows: the strategy weights both by the rows and sums them over ranks,
+and an epoch's end multiplies each step's state back by its global batch (EpochEnds)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -19,6 +25,14 @@ from parallax_tf.model import Model
 GLOBAL_ROWS = "parallax_fit_global_rows"      # placeholder: the rows of this step's global batch
 
 
+@dataclasses.dataclass
+class BuiltMetrics:
+    """What fit_model_fn built, for the epoch ends: how to read each metric's summed state
+    (metric_result), and whether the steps report it per row of their global batch."""
+    remakes: Dict[str, object] = dataclasses.field(default_factory=dict)
+    per_row: bool = False
+
+
 def target_name(output: str) -> str:
     return f"{output}_target"
 
@@ -28,11 +42,10 @@ def weight_feed_name(output: str) -> str:
 
 
 def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_reading: Callable[[object], int],
-                 built_metrics: Optional[dict] = None):
+                 built_metrics: Optional[BuiltMetrics] = None):
     """The model_fn that trains the compiled model. Targets and sample weights are placeholders
     named target_name(output) and weight_feed_name(output), shaped and typed as in
-    `first_batch` (weights only when it has them). `built_metrics` is filled with how to read
-    each metric's summed state (metric_result)."""
+    `first_batch` (weights only when it has them). `built_metrics` is filled in as the graph is built."""
     def model_fn(ctx):
         with spec.rebuild() as net:
             inputs = {n: _placeholder(first_batch[n], n) for n in spec.input_names} if spec.subclassed else {}
@@ -40,7 +53,11 @@ def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_read
         losses = spec.per_output("loss")
         loss_weights = spec.per_output("loss_weights", 1.0)
         global_rows = tf.compat.v1.placeholder(tf.float32, [], name=GLOBAL_ROWS)
-        scale = float(ranks_reading(ctx)) / global_rows     # each rank's share of the global mean
+        rows_seen = tf.cast(tf.shape(outputs[0])[0], tf.float32)
+        # Keras' mean over the rows seen, or this rank's share of the global batch's mean
+        scale = 1.0 / rows_seen if ctx.batch_joined else float(ranks_reading(ctx)) / global_rows
+        if built_metrics is not None:
+            built_metrics.per_row = ctx.batch_joined
         total, increments = [], {}
         for name, output in zip(spec.output_names, outputs):
             target = _placeholder(first_batch[target_name(name)], target_name(name))
@@ -52,8 +69,10 @@ def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_read
                 key = metric.name if len(outputs) == 1 else f"{name}_{metric.name}"
                 key = f"weighted_{key}" if weighted and key in increments else key    # Keras' name for it
                 increments[key] = _state_increment(metric, target, output, weight if weighted else None)
+                if ctx.batch_joined:
+                    increments[key] = increments[key] / tf.cast(rows_seen, tf.float64)
                 if built_metrics is not None:
-                    built_metrics[key] = None if _is_mean(metric) else (type(metric), metric.get_config())
+                    built_metrics.remakes[key] = None if _is_mean(metric) else (type(metric), metric.get_config())
         regularisation = tf.add_n([tf.cast(l, tf.float32) for l in net.losses]) if net.losses else 0.0
         return Model(loss=tf.add_n(total) + regularisation, optimizer=spec.optimizer(), metrics=increments)
     return model_fn

@@ -30,6 +30,7 @@ class Stanza(strategy.Strategy):
     Options = StanzaOptions
     time_compute = True             # whether to stagger sends: the batch's size, timed with the head
     measures = (HeadMeasure(),)
+    batch_joined = True             # the FC node's loss is over its conv nodes' batches
 
     def decide(self, request):
         return plan.decide(request)

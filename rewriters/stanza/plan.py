@@ -60,6 +60,10 @@ def layer_split(capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 
         raise ConfigError(f"--stanza_microbatches={microbatches} with model state computed from the batch "
                           f"({batch_state[0]!r}, e.g. batch norm): each micro-batch would have its own batch "
                           "statistics, so training would differ from single-device; use --stanza_microbatches=1")
+    if microbatches > 1 and capture.metrics:
+        raise ConfigError(f"--stanza_microbatches={microbatches} with Model(metrics=...) ({capture.metrics[0]!r}): "
+                          "the FC node computes the metrics on the batch it receives whole; use "
+                          "--stanza_microbatches=1 or drop the metrics")
     if sends not in ("auto", "together", "staggered"):
         raise ConfigError(f"--stanza_sends={sends}: choose auto, together or staggered")
     bounds = [round(i * len(conv) / fc_nodes) for i in range(fc_nodes + 1)]

@@ -53,13 +53,9 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     on_fc = topo.rank in split.fc_ranks
     # model_fn's ctx counts the conv nodes: they are the data shards (FC nodes read no data)
     data_rank, _ = data_shard(split, topo.rank) or (0, None)
-    request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=data_rank,
+    request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=data_rank, batch_joined=True,
                                                                    size=len(split.conv_ranks)))
     rebuilt = rebuild(request, on_servers=[])
-    if rebuilt.training.model.metrics:
-        raise ModelError("Model(metrics=...) is not reported under --strategy stanza "
-                         "(its ranks compute different halves of the model); drop metrics or use a "
-                         "data-parallel strategy (hybrid, ps, allreduce, auto, slim_dp, ps_plus)")
     training = rebuilt.training
     if all(g is None for grads in rebuilt.grads.values() for g in grads):
         raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
@@ -78,11 +74,12 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                           check=lambda transform, needs: _check_transform(transform, needs, rebuilt, other_side))
     _check_no_data_needed(step, on_fc)
     # its own collective: the two sides' gradient groups differ
-    report = StepReport(built.loss_share, topo.size)
+    report = StepReport(built.loss_share, topo.size, built.metric_shares)
     summed = report.summed()
     local = tf.compat.v1.global_variables()
     import horovod.tensorflow as hvd
-    step_spec = SyncStep(report=summed, report_routes=sorted(built.bytes), checkpoint_request=report.checkpoint_request,
+    step_spec = SyncStep(report=summed, report_routes=sorted(built.bytes), metric_names=report.metric_names,
+                         metric_sizes=report.metric_sizes, checkpoint_request=report.checkpoint_request,
                          previous_bytes=report.previous_bytes, bytes_per_step=built.bytes,
                          lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]))
     return DistributedGraph(
@@ -99,6 +96,7 @@ class _Built:
     global_grads: Dict[str, object]    # variable op name -> its global gradient on this rank
     targets: List[tf.Operation]        # collectives this rank must submit but does not use
     loss_share: tf.Tensor              # this rank's share of the step's loss (float64)
+    metric_shares: Dict[str, tf.Tensor]   # Model.metrics, each as the step report sums them over ranks
     bytes: Dict[str, tf.Tensor]
     lower_bound: List[tf.Tensor]
 
@@ -195,7 +193,9 @@ class _ConvSide(_Side):
                     grad_ys.append(tf.reshape(grad, tf.shape(tensor)) / tf.cast(batch, tensor.dtype))
         route, global_grads = self._sum_extractor(gradients(ys, grad_ys, self.extractor, set()))
         self._sum_head(None)                       # takes part in the FC nodes' sum
-        return _Built(global_grads, self.targets, tf.constant(0.0, tf.float64),
+        metrics = self.rebuilt.training.model.metrics or {}
+        nothing = {name: tf.zeros(value.shape, tf.float64) for name, value in metrics.items()}
+        return _Built(global_grads, self.targets, tf.constant(0.0, tf.float64), nothing,
                       dict(route.bytes, activations=tf.add_n(moved)), route.lower_bound + sent)
 
     def _micro_batches(self):
@@ -250,7 +250,11 @@ class _FCSide(_Side):
         self.targets.extend(op for g in discarded.values() for op in _ops_of(g))
         route.bytes["allreduce"] = route.bytes["allreduce"] + head_bytes
         loss_share = tf.add_n([tf.cast(loss, tf.float64) * w for loss, w in zip(losses, weights)]) / batch
-        return _Built(summed, self.targets, loss_share, dict(route.bytes, activations=tf.add_n(moved)),
+        # the model's metrics read the first (with metrics: the only) micro-batch, weighted by its
+        # rows; the report divides what it sums by the ranks
+        metrics = {name: tf.cast(value, tf.float64) * weights[0] / batch * self.size
+                   for name, value in (self.rebuilt.training.model.metrics or {}).items()}
+        return _Built(summed, self.targets, loss_share, metrics, dict(route.bytes, activations=tf.add_n(moved)),
                       route.lower_bound + sent + [head_bytes])
 
     def _receive(self):

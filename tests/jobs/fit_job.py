@@ -7,7 +7,9 @@ wide_deep: functional, two Embedding inputs, a new-Keras Adagrad object, AUC and
   accuracy, validation_data, EarlyStopping (stops after 2 of 4 epochs), ModelCheckpoint,
   CSVLogger and a custom on_epoch_end callback on rank 0.
 subclassed: a subclassed model through the function form, trained from a tf.data dataset of
-  (x, y, sample_weight) batches, validated on a dataset."""
+  (x, y, sample_weight) batches, validated on a dataset.
+cnn: Sequential convolutions under a dense head (stanza's split), 'sgd' with momentum by
+  object, accuracy, shuffle on, an uneven last batch, validation_split."""
 import json
 import os
 import sys
@@ -128,10 +130,35 @@ def subclassed(strategy):
     return history.model, history, reference, want
 
 
+def cnn_model():
+    tf_keras.utils.set_random_seed(4)
+    model = tf_keras.Sequential([tf_keras.layers.Conv2D(3, 3, activation="relu", input_shape=(6, 6, 1), name="conv"),
+                                 tf_keras.layers.Flatten(),
+                                 tf_keras.layers.Dense(8, activation="relu", name="fc"),
+                                 tf_keras.layers.Dense(3, name="logits")])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+def cnn(strategy):
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(90, 6, 6, 1).astype(np.float32), rng.randint(0, 3, 90)
+    model = cnn_model()
+    history = ptf.fit(model, x, y, batch_size=16, epochs=2, validation_split=0.2, strategy=strategy)
+    reference, want = cnn_model(), {}
+    for epoch in range(2):      # 72 rows: four batches of 16 and one of 8
+        order = np.random.RandomState(epoch).permutation(72)
+        for key, values in reference.fit(x[:72][order], y[:72][order], batch_size=16, epochs=1, shuffle=False,
+                                         validation_data=(x[72:], y[72:]), verbose=0).history.items():
+            want.setdefault(key, []).extend(values)
+    return model, history, reference, want
+
+
 def main(argv):
     for run in FLAGS.runs:
         case, strategy = run.split(":")
-        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed}[case](strategy)
+        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn}[case](strategy)
         np.savez(os.path.join(FLAGS.out, f"{case}.{strategy}.rank{RANK}.npz"),
                  history=json.dumps({"epoch": history.epoch, **history.history}),
                  reference_history=json.dumps(want),     # weights in the models' order (a subclassed
