@@ -172,13 +172,13 @@ def test_lost_rank_stops_the_job_with_a_message():
 
 def test_ranks_waiting_in_different_collectives_stop_with_a_message():
     """TF cancels a step at --timeout_s but a Horovod collective ignores that: the watchdog
-    stops a rank whose step or barrier outlives 2 x --timeout_s + 30 s."""
+    stops a rank whose step or barrier outlives 2 x --timeout_s plus a margin (20 s at 5 s)."""
     start = time.time()
     proc = launch.run_ranks(2, ["tests/jobs/bad_input_job.py", "--rank1_skips_a_step", "--steps=4", "--timeout_s=5",
                                 "--log_every=0"], timeout=240)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert re.search(r"parallax_tf rank [01]: (step \d|collecting results) has not finished after 40s", output), \
+    assert re.search(r"parallax_tf rank [01]: (step \d|collecting results) has not finished after 20s", output), \
         launch.tail(proc)
     assert time.time() - start < 150
 

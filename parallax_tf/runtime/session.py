@@ -55,17 +55,24 @@ class PeerLost(ClusterError):
     """A peer rank died or stalled; cleanup that needs the peers must be skipped."""
 
 
+def stall_bound_s(timeout_s: int) -> int:
+    """How long a step or barrier may run before the watchdog stops the rank: TF's deadline and
+    Horovod's stall shutdown (each --timeout_s) come first, as they name the cause better, with a
+    margin for a busy machine of up to 30 s."""
+    return 2 * timeout_s + min(30, 2 * timeout_s)
+
+
 @contextlib.contextmanager
 def cross_rank_errors(what: str, timeout_s: int, rank: int = 0, lost: Optional[Callable[[], str]] = None,
                       deadline: Optional[Callable] = None):
     """Turns the ways a dead or stalled peer shows up into one error naming the wait and, when
     `lost` can tell, the ranks that are gone. `deadline(what, seconds)` (the watchdog's) stops
-    the rank when the wait outlives twice the timeout, which TF alone cannot ensure."""
+    the rank when the wait outlives stall_bound_s, which TF alone cannot ensure."""
     def fail(why: str):
         found = lost() if lost else ""
         gone = f"; lost: {found}" if found else ""
         return PeerLost(f"parallax_tf rank {rank}: {what}: {why}{gone}")
-    bounded = deadline(what, 2 * timeout_s + 30) if deadline and timeout_s else contextlib.nullcontext()
+    bounded = deadline(what, stall_bound_s(timeout_s)) if deadline and timeout_s else contextlib.nullcontext()
     try:
         with bounded:
             yield
