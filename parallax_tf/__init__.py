@@ -5,11 +5,14 @@
 import os as _os
 import sys as _sys
 
-from parallax_tf.runtime import command_line as _command_line, exit as _exit, launch as _launch, quiet as _quiet
+from parallax_tf.runtime import bind as _bind, command_line as _command_line, exit as _exit, launch as _launch, \
+    quiet as _quiet
 
 _exit.install()                   # a user error on the command line: one line, exit status 2
 _command_line.install()           # and so is a flag error under absl's app.run
 _launch.launch_if_asked(_sys.argv)    # --np N: the ranks start here, before TensorFlow is imported
+if _launch.under_launcher():
+    _bind.preload_before_tensorflow()     # horovodrun's or mpirun's rank: the bind shim, before TF too
 # tf.keras and tf.compat.v1.layers as Keras 2 (tf_keras, installed by the set-up): Keras 3 layers
 # never update batch norm in a v1 graph, and tf.compat.v1.layers refuses to run under it. Read by
 # TensorFlow at its import; a user's own setting wins.

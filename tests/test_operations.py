@@ -128,6 +128,8 @@ def test_servers_listen_on_the_launcher_interface_only():
     # no preload: each rank must re-execute itself with the shim, as under a plain horovodrun
     proc = launch.run_ranks(2, ["tests/jobs/listeners_job.py", other or "-"], timeout=180, preload=False)
     assert proc.returncode == 0, launch.tail(proc)
+    # at `import parallax_tf`: TensorFlow is imported once per rank, after the re-execution
+    assert re.findall(r"IMPORTS TENSORFLOW reexecuted=(\d)", proc.stdout) == ["1", "1"], launch.tail(proc)
     listens = re.findall(r"LISTEN rank=(\d) port=(\d+) local=(\S+)", proc.stdout)
     assert len(listens) == 3      # two workers and the tf_ps baseline's ps server on rank 0
     for _, port, local in listens:

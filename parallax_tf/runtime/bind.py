@@ -55,6 +55,27 @@ def restrict_servers_to(address: str) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+def preload_before_tensorflow() -> None:
+    """A rank started by a launcher that did not preload the shim (horovodrun, mpirun)
+    re-executes itself with it now, at `import parallax_tf`, rather than at run() after
+    TensorFlow's import, which it would then repeat (seconds per rank). The shim stays inert
+    until run() sets the address."""
+    if os.environ.get(REEXEC_ENV) or sys.flags.interactive or not getattr(sys, "orig_argv", None) \
+            or not hasattr(sys.modules.get("__main__"), "__file__"):
+        return
+    try:
+        shim = _shim_path()
+    except ClusterError:
+        return                          # run() says what is missing
+    if shim in os.environ.get("LD_PRELOAD", "").split(":"):
+        return
+    env = dict(os.environ, **{REEXEC_ENV: "1"})
+    env["LD_PRELOAD"] = ":".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def announce_ports(ports) -> None:
     """The shim rewrites wildcard binds only for these ports (read when each server binds)."""
     listed = [p for p in os.environ.get(PORTS_ENV, "").split(",") if p]

@@ -64,6 +64,11 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._old is not None:      # its pipe is open: end the thread's select now, not after `interval`
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:       # the pipe is full: the select is awake anyway
+                pass
         if self._thread:
             self._thread.join(timeout=self.interval + 2)
         if self._old is not None:

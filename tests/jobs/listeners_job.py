@@ -5,6 +5,14 @@ import socket
 import subprocess
 import sys
 
+
+def _note_tensorflow_import(event, args):
+    """Whether this rank imports TensorFlow before or after it re-executed itself with the shim."""
+    if event == "import" and args[0] == "tensorflow":
+        print(f"IMPORTS TENSORFLOW reexecuted={os.environ.get('PARALLAX_BIND_REEXEC', '0')}", flush=True)
+
+
+sys.addaudithook(_note_tensorflow_import)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 from parallax_tf.runtime import cluster  # noqa: E402
