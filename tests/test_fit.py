@@ -12,15 +12,19 @@ from tests import launch, reference
 
 DEGENERATE_SLIM_DP = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
 # one job per rank count, each ptf.fit call a case on a strategy (tests/jobs/fit_job.py)
-RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "mlp:allreduce", "mlp:auto", "mlp:slim_dp"],
+RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "two_heads:hybrid", "mlp:allreduce", "mlp:auto",
+            "mlp:slim_dp"],
         3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza"]}
 
 
 @functools.lru_cache(maxsize=None)
 def _job(ranks: int) -> str:
+    """The 2-rank job starts as `python fit_job.py --np 2`, the 3-rank one under horovodrun."""
     out = tempfile.mkdtemp(prefix="ptf-fit-")
-    proc = launch.run_ranks(1, ["tests/jobs/fit_job.py", f"--runs={','.join(RUNS[ranks])}", f"--out={out}",
-                                f"--np={ranks}", "--log_every=0", *DEGENERATE_SLIM_DP], launcher="python", timeout=400)
+    argv = ["tests/jobs/fit_job.py", f"--runs={','.join(RUNS[ranks])}", f"--out={out}", "--log_every=0",
+            *DEGENERATE_SLIM_DP]
+    proc = launch.run_ranks(1, argv + [f"--np={ranks}"], launcher="python", timeout=400) if ranks == 2 else \
+        launch.run_ranks(ranks, argv, launcher="horovodrun", timeout=400)
     assert proc.returncode == 0, launch.tail(proc)
     return out
 
@@ -96,6 +100,10 @@ def test_what_fit_cannot_serve_is_one_clear_error():
         ptf.fit(model, x, y, steps_per_epoch=2)
     with pytest.raises(ptf.ConfigError, match=r"class_weight needs the keys 0 to 1; got \[0, 2\]"):
         ptf.fit(model, x, y, class_weight={0: 1.0, 2: 1.0})
+    nadam = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+    nadam.compile(tf_keras.optimizers.Nadam(), "mse")
+    with pytest.raises(ptf.ConfigError, match="ptf.fit cannot train compile's new Keras Nadam exactly"):
+        ptf.fit(nadam, x, y)
     with pytest.raises(ptf.ModelError, match="ptf.fit needs a compiled model"):
         ptf.fit(tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))]), x, y)
 
@@ -135,3 +143,15 @@ def test_the_keras_recommendation_model_learns_under_fit():
     epochs = [line.split() for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     val_auc = [float(words[words.index("val_auc") + 1]) for words in epochs]
     assert len(val_auc) == 2 and val_auc[1] > val_auc[0] and val_auc[1] > 0.7, proc.stdout
+
+
+def test_plan_only_prints_the_fit_models_plan_and_ends():
+    """--plan_only on a Keras fit script: the plan (Embedding tables on the PS route under
+    hybrid, the dense layers on AllReduce), status 0, no epoch trained."""
+    proc = launch.run_ranks(1, ["-m", "models.keras_recsys", "--np=2", "--plan_only", "--krec_rows=400"],
+                            launcher="python", timeout=120)
+    assert proc.returncode == 0, launch.tail(proc)
+    routes = dict(line.split()[0::5][:2] for line in proc.stdout.splitlines() if "/embeddings " in line or
+                  "/kernel " in line)
+    assert routes["user_id_embedding/embeddings"] == "ps" and routes["dense/kernel"] == "allreduce", proc.stdout
+    assert "strategy=hybrid ranks=2" in proc.stdout and "epoch " not in proc.stdout

@@ -65,14 +65,18 @@ def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_read
             weight = None if weight is None else _placeholder(weight, weight_feed_name(name))
             summed, per_row = _loss_sum(losses[name], target, output, weight)
             total.append(loss_weights[name] * summed * scale / per_row)
+            if len(outputs) > 1:     # Keras' `{output}_loss`: a mean of the batches' losses weighted by rows
+                increments[f"{name}_loss"] = tf.cast(tf.stack([summed / per_row, rows_seen]), tf.float64)
+                if built_metrics is not None:
+                    built_metrics.remakes[f"{name}_loss"] = None
             for metric, weighted in _metric_objects(spec, target, output, name):
                 key = metric.name if len(outputs) == 1 else f"{name}_{metric.name}"
                 key = f"weighted_{key}" if weighted and key in increments else key    # Keras' name for it
                 increments[key] = _state_increment(metric, target, output, weight if weighted else None)
-                if ctx.batch_joined:
-                    increments[key] = increments[key] / tf.cast(rows_seen, tf.float64)
                 if built_metrics is not None:
                     built_metrics.remakes[key] = None if _is_mean(metric) else (type(metric), metric.get_config())
+        if ctx.batch_joined:
+            increments = {key: state / tf.cast(rows_seen, tf.float64) for key, state in increments.items()}
         regularisation = tf.add_n([tf.cast(l, tf.float32) for l in net.losses]) if net.losses else 0.0
         return Model(loss=tf.add_n(total) + regularisation, optimizer=spec.optimizer(), metrics=increments)
     return model_fn

@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf.errors import ModelError
+from parallax_tf.errors import ConfigError, ModelError
 
 
 class KerasSpec:
@@ -35,7 +35,10 @@ class KerasSpec:
         self.input_names = [] if self.subclassed else list(model.input_names)
         self.output_names = ["output_1"] if self.subclassed else list(model.output_names)
         self.weights: Dict[str, object] = {}
-        self._optimizer = _legacy_optimizer(self.compiled.get("optimizer") or "rmsprop")
+        chosen = self.compiled.get("optimizer") or "rmsprop"
+        legacy = _legacy_optimizer(chosen)
+        self._converted = legacy is not chosen      # from a string or a new Keras optimizer
+        self._optimizer = _dividing_as_the_new_one(legacy, self._converted)
 
     def adopt(self, x) -> None:
         """Reads the eager model's starting weights, building a subclassed model first on x (a
@@ -84,7 +87,9 @@ class KerasSpec:
         """compile's optimizer as a fresh legacy tf_keras optimizer of the same class and settings
         (a new one per model_fn call: an optimizer belongs to one graph)."""
         made = self._optimizer
-        return made if isinstance(made, tf.compat.v1.train.Optimizer) else made.__class__.from_config(made.get_config())
+        if isinstance(made, tf.compat.v1.train.Optimizer):
+            return made
+        return _dividing_as_the_new_one(made.__class__.from_config(made.get_config()), self._converted)
 
     def per_output(self, what: str, default=None) -> Dict[str, object]:
         """compile's `what` (loss, loss_weights) as one value per output name."""
@@ -134,6 +139,28 @@ def _legacy_optimizer(chosen):
     if isinstance(chosen, (tf_keras.optimizers.legacy.Optimizer, tf.compat.v1.train.Optimizer)):
         return chosen
     return tf_keras.__internal__.optimizers.convert_to_legacy_optimizer(chosen)
+
+
+def _dividing_as_the_new_one(optimizer, converted: bool):
+    """The new RMSprop divides by sqrt(v + epsilon), its legacy twin without momentum by
+    sqrt(v) + epsilon (2e-2 apart after 6 steps of small gradients). With its momentum given as
+    a callable of zero the legacy one runs TF's fused RMSProp kernel, which divides as the new
+    one does; Nadam's momentum schedule has no legacy equal."""
+    import tf_keras
+    if not converted:
+        return optimizer
+    if isinstance(optimizer, tf_keras.optimizers.legacy.Nadam):
+        raise ConfigError("ptf.fit cannot train compile's new Keras Nadam exactly: its legacy twin, the only one a "
+                          "tf.compat.v1 graph runs, schedules the momentum differently; compile with "
+                          "tf_keras.optimizers.legacy.Nadam (single-device fit then uses it too) or 'adam'")
+    config = optimizer.get_config()
+    if isinstance(optimizer, tf_keras.optimizers.legacy.RMSprop) and not config.get("momentum"):
+        return type(optimizer).from_config({**config, "momentum": _no_momentum})
+    return optimizer
+
+
+def _no_momentum() -> float:
+    return 0.0
 
 
 def weight_name(variable) -> str:

@@ -9,7 +9,10 @@ wide_deep: functional, two Embedding inputs, a new-Keras Adagrad object, AUC and
 subclassed: a subclassed model through the function form, trained from a tf.data dataset of
   (x, y, sample_weight) batches, validated on a dataset.
 cnn: Sequential convolutions under a dense head (stanza's split), 'sgd' with momentum by
-  object, accuracy, shuffle on, an uneven last batch, validation_split."""
+  object, accuracy, shuffle on, an uneven last batch, validation_split.
+two_heads: functional, two outputs with a loss dict (a function and a string), loss_weights,
+  a metric on one output, a new-Keras RMSprop on a decaying learning-rate schedule,
+  TerminateOnNaN."""
 import json
 import os
 import sys
@@ -155,10 +158,38 @@ def cnn(strategy):
     return model, history, reference, want
 
 
+def two_heads_model():
+    tf_keras.utils.set_random_seed(5)
+    x = tf_keras.Input(shape=(4,), name="x")
+    shared = tf_keras.layers.Dense(6, activation="relu", name="shared")(x)
+    model = tf_keras.Model(x, [tf_keras.layers.Dense(2, name="a")(shared),
+                               tf_keras.layers.Dense(1, activation="sigmoid", name="b")(shared)])
+    schedule = tf_keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=3, decay_rate=0.5)
+
+    def absolute(target, prediction):
+        return tf.reduce_mean(tf.abs(target - prediction), axis=-1)
+    model.compile(optimizer=tf_keras.optimizers.RMSprop(schedule), loss={"a": absolute, "b": "binary_crossentropy"},
+                  loss_weights={"a": 0.3, "b": 2.0}, metrics={"b": ["binary_accuracy"]})
+    return model
+
+
+def two_heads(strategy):
+    rng = np.random.RandomState(0)
+    x = rng.rand(60, 4).astype(np.float32)
+    y = {"a": rng.rand(60, 2).astype(np.float32), "b": rng.randint(0, 2, (60, 1)).astype(np.float32)}
+    model = two_heads_model()
+    history = ptf.fit(model, x, y, batch_size=16, epochs=2, shuffle=False, validation_split=0.25,
+                      callbacks=[tf_keras.callbacks.TerminateOnNaN()], strategy=strategy)
+    reference = two_heads_model()
+    want = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, validation_split=0.25, verbose=0).history
+    return model, history, reference, want
+
+
 def main(argv):
     for run in FLAGS.runs:
         case, strategy = run.split(":")
-        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn}[case](strategy)
+        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn,
+                                            "two_heads": two_heads}[case](strategy)
         np.savez(os.path.join(FLAGS.out, f"{case}.{strategy}.rank{RANK}.npz"),
                  history=json.dumps({"epoch": history.epoch, **history.history}),
                  reference_history=json.dumps(want),     # weights in the models' order (a subclassed
