@@ -71,9 +71,9 @@ class EpochEnds(Hook):
     def attach(self, live):
         import tf_keras
         if not live.stops_together:
-            raise ConfigError("ptf.fit needs a strategy whose ranks step together (hybrid, ps, allreduce, auto, stanza, "
-                              "slim_dp): an epoch's end and a callback's stop must fall on the same step on every "
-                              "rank")
+            raise ConfigError("ptf.fit needs a strategy whose ranks step together (hybrid, ps, allreduce, auto, "
+                              "stanza, slim_dp): an epoch's end and a callback's stop must fall on the same step on "
+                              "every rank")
         self.live = live
         # rank 0's alone: a callback may open its files as soon as it meets the model
         self.callbacks = tf_keras.callbacks.CallbackList(self.callbacks, model=self.spec.model, epochs=self.epochs,

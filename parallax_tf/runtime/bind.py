@@ -48,11 +48,7 @@ def restrict_servers_to(address: str) -> None:
         raise ClusterError(f"cannot restrict the TF servers to {address} in this process (interactive, "
                            f"or the preload of {shim} did not take). Run the training as a script, or "
                            "pass --bind_address=0.0.0.0 to accept connections on every interface")
-    env = dict(os.environ, **{REEXEC_ENV: "1"})
-    env["LD_PRELOAD"] = ":".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    _reexecute_with(shim)
 
 
 def preload_before_tensorflow() -> None:
@@ -67,8 +63,12 @@ def preload_before_tensorflow() -> None:
         shim = _shim_path()
     except ClusterError:
         return                          # run() says what is missing
-    if shim in os.environ.get("LD_PRELOAD", "").split(":"):
-        return
+    if shim not in os.environ.get("LD_PRELOAD", "").split(":"):
+        _reexecute_with(shim)
+
+
+def _reexecute_with(shim: str) -> None:
+    """This process again, same arguments and environment, with the shim preloaded (once)."""
     env = dict(os.environ, **{REEXEC_ENV: "1"})
     env["LD_PRELOAD"] = ":".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
     sys.stdout.flush()
