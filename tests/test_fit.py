@@ -19,12 +19,13 @@ RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "two_heads:hy
 
 @functools.lru_cache(maxsize=None)
 def _job(ranks: int) -> str:
-    """The 2-rank job starts as `python fit_job.py --np 2`, the 3-rank one under horovodrun."""
+    """The 2-rank job starts as `python fit_job.py --np 2`, the 3-rank one under horovodrun as
+    users start it (with its build probe)."""
     out = tempfile.mkdtemp(prefix="ptf-fit-")
     argv = ["tests/jobs/fit_job.py", f"--runs={','.join(RUNS[ranks])}", f"--out={out}", "--log_every=0",
             *DEGENERATE_SLIM_DP]
     proc = launch.run_ranks(1, argv + [f"--np={ranks}"], launcher="python", timeout=400) if ranks == 2 else \
-        launch.run_ranks(ranks, argv, launcher="horovodrun", timeout=400)
+        launch.run_ranks(ranks, argv, launcher="horovodrun_probed", timeout=400)
     assert proc.returncode == 0, launch.tail(proc)
     return out
 
