@@ -120,3 +120,23 @@ def test_either_package_can_be_imported_first():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "'hybrid', 'ps', 'allreduce', 'auto', 'slim_dp', 'ps_plus', 'stanza', 'dsp'" in proc.stdout
+
+
+def test_horovods_runner_is_reached_through_its_shim_only_and_every_pinned_name_exists():
+    """parallax_tf/runtime/horovod_runner.py holds every name of Horovod's runner the launcher
+    uses: no other module imports horovod.runner, and this Horovod has each pinned name (one that
+    moves in another release fails here, by name)."""
+    import horovod
+    from parallax_tf.runtime import horovod_runner
+    shim = os.path.join(ROOT, "parallax_tf", "runtime", "horovod_runner.py")
+    others = []
+    for module, path in _modules().items():
+        if path != shim and not module.startswith("tools"):
+            tree = ast.parse(open(path).read())
+            names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
+                [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            others += [module for name in names if name.startswith("horovod.runner")]
+    assert not others, f"modules importing horovod.runner outside its shim: {sorted(set(others))}"
+    gone = horovod_runner.missing()
+    assert not gone, f"Horovod {horovod.__version__} has no {', '.join(gone)}: update {shim}"
+    assert {name for _, name in horovod_runner.PINNED} >= {"launch_gloo", "execute", "get_common_interfaces"}

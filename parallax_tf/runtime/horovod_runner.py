@@ -1,8 +1,93 @@
-"""The launcher's touches of Horovod's runner beyond its public API, in one place.
+"""Every name of Horovod's runner that the launcher uses beyond horovodrun's command line, in
+one place: Horovod 0.28.1 is its last release, so a name that moves is found here (PINNED, and
+tests/test_layering.py checks each one) rather than in a job that will not start.
 
 Imports nothing but the standard library and Horovod: the launcher runs as a script and every
 per-rank helper process Horovod spawns re-imports it (see launcher.py)."""
 from __future__ import annotations
+
+import importlib
+from typing import Callable, List
+
+# (module, name) of everything below
+PINNED = [
+    ("horovod.runner.gloo_run", "launch_gloo"),
+    ("horovod.runner.gloo_run", "register_shutdown_event"),
+    ("horovod.runner.common.util.safe_shell_exec", "execute"),
+    ("horovod.runner.common.util.safe_shell_exec", "terminate_executor_shell_and_children"),
+    ("horovod.runner.launch", "_check_all_hosts_ssh_successful"),
+    ("horovod.runner.util.network", "filter_local_addresses"),
+    ("horovod.runner.util.remote", "get_remote_command"),
+    ("horovod.runner.driver.driver_service", "get_common_interfaces"),
+    ("horovod.runner.common.util.settings", "Settings"),
+    ("horovod.runner.common.util.secret", "make_secret_key"),
+    ("horovod.runner.common.util.timeout", "Timeout"),
+]
+
+
+def missing() -> List[str]:
+    """The pinned names this Horovod does not have, as module.name."""
+    gone = []
+    for module, name in PINNED:
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            gone.append(f"{module}.{name}")
+    return gone
+
+
+def launch_gloo(command, exec_rank: Callable, settings, nics, env, server_ip: str, stop_event=None) -> None:
+    """Horovod's gloo launch of `command`'s ranks, each started by exec_rank(cmd, slot, events).
+    With `stop_event`, that event stops the ranks instead of the SIGINT/SIGTERM handler Horovod
+    would install (and leave behind) for its own."""
+    from horovod.runner import gloo_run
+    own_event = gloo_run.register_shutdown_event
+    if stop_event is not None:
+        gloo_run.register_shutdown_event = lambda: stop_event
+    try:
+        gloo_run.launch_gloo(command, exec_rank, settings, nics, env, server_ip)
+    finally:
+        gloo_run.register_shutdown_event = own_event
+
+
+def execute(cmd: str, events, stdout, stderr) -> int:
+    """One rank's shell command through Horovod's per-rank helper process: stopped when any of
+    `events` is set; its output to the given streams; returns its exit status."""
+    from horovod.runner.common.util import safe_shell_exec
+    return safe_shell_exec.execute(cmd, events=events, stdout=stdout, stderr=stderr)
+
+
+def ssh_reaches(hosts: List[str], port, identity_file) -> bool:
+    """Whether ssh reaches every host without a password (horovodrun's own check)."""
+    from horovod.runner import launch
+    return launch._check_all_hosts_ssh_successful(hosts, port, identity_file, fn_cache=None)
+
+
+def remote_of(names: List[str]) -> List[str]:
+    """The host names that are not addresses of this machine."""
+    from horovod.runner.util import network
+    return network.filter_local_addresses(names)
+
+
+def ssh_command(command: str, host: str, port, identity_file) -> str:
+    """`command` (one shell word) run on `host` through ssh, as horovodrun runs a remote rank."""
+    from horovod.runner.util.remote import get_remote_command
+    return get_remote_command(command, host=host, port=port, identity_file=identity_file)
+
+
+def common_interfaces(names: List[str], remote: List[str], port, identity_file, timeout_s: float):
+    """The network interfaces every host of `names` has and routes, found by Horovod's driver
+    service over ssh (horovodrun's own discovery); raises what Horovod raises when there is none."""
+    from horovod.runner.common.util import secret, settings, timeout
+    from horovod.runner.driver import driver_service
+    found = settings.Settings(
+        verbose=0, ssh_port=port, ssh_identity_file=identity_file, key=secret.make_secret_key(),
+        start_timeout=timeout.Timeout(timeout_s, message="Timed out waiting for {activity}: the hosts' "
+                                      "interfaces could not be compared"),
+        num_proc=len(names), hosts=",".join(names), nics=None)
+    return driver_service.get_common_interfaces(found, names, remote)
 
 
 def quiet_rank_stop() -> None:

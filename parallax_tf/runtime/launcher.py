@@ -178,8 +178,6 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     `ssh`: how to reach the hosts that are not this machine (without it every rank starts here);
     `verbose`: the ranks' log lines are not filtered; `failure` is filled with the rank that
     ended the job, its host, its status and whether it reported a user error."""
-    from horovod.runner import gloo_run
-    from horovod.runner.common.util import safe_shell_exec
     elsewhere = remote.remote_hosts(list(host_slots(hosts))) if ssh else set()
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
     env = dict(env, **{JOB_DIR_ENV: job_dir})
@@ -212,8 +210,7 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
             cmd = wrap(cmd, slot_info)
         if slot_info.hostname in elsewhere:
             cmd = remote.remote_command(cmd, slot_info.hostname, ssh)
-        code = safe_shell_exec.execute(cmd, events=events,
-                                       stdout=RankOutput(rank, sys.stdout, output), stderr=errors)
+        code = horovod_runner.execute(cmd, events, RankOutput(rank, sys.stdout, output), errors)
         errors.release(job_was_ending=stop_all.is_set())
         if code == 0:
             return 0, 0.0
@@ -251,7 +248,6 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     # caller's handlers come back afterwards, and a signal ends the caller too.
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    own_event = gloo_run.register_shutdown_event
     if in_main:
         def on_signal(signum, _frame):
             received.append(signum)
@@ -259,12 +255,11 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
             stop_all.set()
         for sig in previous:
             signal.signal(sig, on_signal)
-        gloo_run.register_shutdown_event = lambda: signalled
     try:
         # exec_rank reports every rank as finished: the statuses that matter are in `failures`
-        gloo_run.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip)
+        horovod_runner.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip,
+                                   stop_event=signalled if in_main else None)
     finally:
-        gloo_run.register_shutdown_event = own_event
         if in_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

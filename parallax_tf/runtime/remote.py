@@ -10,6 +10,11 @@ import shlex
 import socket
 from typing import List, Optional, Set, Tuple
 
+if __package__:
+    from parallax_tf.runtime import horovod_runner
+else:                  # the launcher run as a script: this folder is on the path
+    import horovod_runner
+
 START_TIMEOUT_S = 60      # ssh checks and the interface discovery on every host, as horovodrun's --start-timeout
 
 
@@ -27,18 +32,16 @@ class Ssh:
 
 def remote_hosts(names: List[str]) -> Set[str]:
     """The host names that are not addresses of this machine (a name that does not resolve is remote)."""
-    from horovod.runner.util import network
-    return set(network.filter_local_addresses(names))
+    return set(horovod_runner.remote_of(names))
 
 
 def remote_command(command: str, host: str, ssh: Ssh) -> str:
     """`command` run on `host` through ssh, in this process's working directory (as Horovod's gloo
     launcher does: the hosts share the paths of the code and of its Python)."""
-    from horovod.runner.util.remote import get_remote_command
     # `; exit $?`: a rank killed by a signal ends the remote shell with 128+signal, as a local
     # rank's status says it; ssh alone would report 255, its own failure's status
     local = shlex.quote(f"cd {shlex.quote(os.getcwd())} > /dev/null 2>&1 ; {command} ; exit $?")
-    return get_remote_command(local, host=host, port=ssh.port, identity_file=ssh.identity_file)
+    return horovod_runner.ssh_command(local, host, ssh.port, ssh.identity_file)
 
 
 def network(names: List[str], ssh: Ssh, timeout_s: float = START_TIMEOUT_S) -> Tuple[Set[str], str]:
@@ -49,19 +52,11 @@ def network(names: List[str], ssh: Ssh, timeout_s: float = START_TIMEOUT_S) -> T
     remote = sorted(remote_hosts(names), key=names.index)
     if not remote:
         return {"lo"}, "127.0.0.1"
-    from horovod.runner import launch as hvd_launch
-    from horovod.runner.common.util import secret, settings as hvd_settings, timeout
-    from horovod.runner.driver import driver_service
-    if not hvd_launch._check_all_hosts_ssh_successful(remote, ssh.port, ssh.identity_file, fn_cache=None):
+    if not horovod_runner.ssh_reaches(remote, ssh.port, ssh.identity_file):
         raise RemoteHostError(f"ssh cannot reach {', '.join(remote)} without a password: give each host "
                               "this machine's key (ssh-copy-id), or --ssh_port/--ssh_identity_file")
-    settings = hvd_settings.Settings(
-        verbose=0, ssh_port=ssh.port, ssh_identity_file=ssh.identity_file, key=secret.make_secret_key(),
-        start_timeout=timeout.Timeout(timeout_s, message="Timed out waiting for {activity}: the hosts' "
-                                      "interfaces could not be compared"),
-        num_proc=len(names), hosts=",".join(names), nics=None)
     try:
-        nics = driver_service.get_common_interfaces(settings, names, remote)
+        nics = horovod_runner.common_interfaces(names, remote, ssh.port, ssh.identity_file, timeout_s)
     except Exception as err:       # Horovod raises bare Exception/RuntimeError when no interface is shared
         raise RemoteHostError(f"the hosts {', '.join(names)} share no routed network interface: {err}") from err
     return set(nics), route_address(remote[0])
