@@ -41,10 +41,9 @@ def restrict_servers_to(address: str) -> None:
         return                          # the user asked for every interface
     os.environ[ADDRESS_ENV] = address
     shim = _shim_path()
-    if shim in os.environ.get("LD_PRELOAD", "").split(":"):
+    if _preloaded(shim):
         return
-    if os.environ.get(REEXEC_ENV) or sys.flags.interactive or not getattr(sys, "orig_argv", None) \
-            or not hasattr(sys.modules["__main__"], "__file__"):
+    if not _may_reexecute():
         raise ClusterError(f"cannot restrict the TF servers to {address} in this process (interactive, "
                            f"or the preload of {shim} did not take). Run the training as a script, or "
                            "pass --bind_address=0.0.0.0 to accept connections on every interface")
@@ -56,15 +55,24 @@ def preload_before_tensorflow() -> None:
     re-executes itself with it now, at `import parallax_tf`, rather than at run() after
     TensorFlow's import, which it would then repeat (seconds per rank). The shim stays inert
     until run() sets the address."""
-    if os.environ.get(REEXEC_ENV) or sys.flags.interactive or not getattr(sys, "orig_argv", None) \
-            or not hasattr(sys.modules.get("__main__"), "__file__"):
+    if not _may_reexecute():
         return
     try:
         shim = _shim_path()
     except ClusterError:
         return                          # run() says what is missing
-    if shim not in os.environ.get("LD_PRELOAD", "").split(":"):
+    if not _preloaded(shim):
         _reexecute_with(shim)
+
+
+def _preloaded(shim: str) -> bool:
+    return shim in os.environ.get("LD_PRELOAD", "").split(":")
+
+
+def _may_reexecute() -> bool:
+    """A script started from its file, not re-executed yet (an interactive session cannot be)."""
+    return not (os.environ.get(REEXEC_ENV) or sys.flags.interactive or not getattr(sys, "orig_argv", None)
+                or not hasattr(sys.modules.get("__main__"), "__file__"))
 
 
 def _reexecute_with(shim: str) -> None:
