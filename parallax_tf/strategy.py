@@ -93,6 +93,14 @@ class Decisions:
     plan: object = None            # a whole plan made by another strategy's rule instead
 
 
+@dataclasses.dataclass
+class Offer:
+    """A strategy's whole plan as an alternative another rule (auto) may weigh."""
+    options: object        # the offering strategy's options for that plan
+    why: str               # its prediction against the data-parallel step, for the plan's reasons
+    batches: int           # batches one of its steps trains (data parallelism: one per rank)
+
+
 # ---- the protocol -----------------------------------------------------------------------------
 class Strategy:
     """One --strategy. Subclasses set the class attributes and implement decide and rewrite."""
@@ -116,6 +124,11 @@ class Strategy:
 
     def bytes_per_step(self, entry, info, num_ranks: int, options) -> Optional[int]:
         """Plan-time bytes estimate for a route of this strategy's own (None: the planner's)."""
+        return None
+
+    def offer(self, request: PlanRequest, data_parallel_s: float) -> Optional[Offer]:
+        """This strategy's plan as an alternative to a data-parallel one predicted to take
+        `data_parallel_s` a step (request.cost_cluster set): None where it would not be faster."""
         return None
 
     def rewrite(self, request: "BuildRequest") -> "DistributedGraph":

@@ -79,7 +79,7 @@ def test_no_import_cycle():
 def test_the_checks_see_the_imports():
     """The graph is not empty: a moved folder or a parse change would make the checks pass vacuously."""
     graph = _graph()
-    assert "rewriters.shared.rebuild" in graph["rewriters.parallax.sync"] and "rewriters" in graph["parallax_tf.api"]
+    assert "rewriters.shared.rebuild" in graph["rewriters.shared.sync"] and "rewriters" in graph["parallax_tf.api"]
     assert "parallax_tf.runtime.topology" in graph["parallax_tf.runtime.cluster"]
 
 
@@ -98,16 +98,34 @@ def test_the_core_names_no_strategy():
     assert len(core) > 10
 
 
+def _technique_packages() -> set:
+    """The folders under rewriters/ but shared/: one technique each."""
+    folder = os.path.join(ROOT, "rewriters")
+    return {name for name in os.listdir(folder) if name != "shared" and not name.startswith("_")
+            and os.path.isfile(os.path.join(folder, name, "__init__.py"))}
+
+
 def test_each_strategy_is_one_package():
     from parallax_tf import strategy
     import rewriters
     packages = {type(s).__module__.split(".")[1] for s in rewriters.STRATEGIES}
-    assert packages == {"parallax", "slim_dp", "ps_plus", "stanza", "dsp"}
+    assert packages == _technique_packages() and len(packages) >= 5
     assert strategy.names() == ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
     for each in rewriters.STRATEGIES:
         assert strategy.get(each.name) is each
         for measure in each.measures:      # inspection's extra work comes from the techniques
             assert type(measure).__module__.split(".")[0] == "rewriters"
+
+
+def test_no_technique_imports_another():
+    """What several techniques use lives in rewriters/shared; one technique reaches another only
+    through the registry (parallax_tf.strategy.get)."""
+    graph, packages = _graph(), _technique_packages()
+    wrong = sorted((m, i) for m, deps in graph.items() if m.split(".")[:2][-1] in packages
+                   and m.startswith("rewriters.") for i in deps if i.startswith("rewriters.")
+                   and i.split(".")[1] in packages and i.split(".")[1] != m.split(".")[1])
+    assert not wrong, f"technique packages importing each other: {wrong}"
+    assert {"rewriters.shared.sync", "rewriters.shared.rules"} <= graph["rewriters.slim_dp"]
 
 
 def test_either_package_can_be_imported_first():

@@ -1,21 +1,12 @@
 """Parallax (Kim et al., EuroSys 2019) and its two baselines: strategies `hybrid` (sparse variables
 on parameter servers, dense ones through Horovod AllReduce), `ps`, `allreduce`, and `auto` (the
 cost model picks PS or AllReduce, and a shard count, per variable). All four are synchronous data
-parallelism: rewriters/parallax/sync.py assembles the step from the PS and AllReduce routes; the
+parallelism: rewriters/shared/sync.py assembles the step from the PS and AllReduce routes; the
 rule of `auto` is in auto.py."""
 from parallax_tf import strategy
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
-from rewriters.parallax.sync import assemble
-
-
-def hybrid_route(info):
-    """Parallax's rule: (route, why) of one variable by its gradient."""
-    if info.gradient == "sparse":
-        return ROUTE_PS, ("sparse gradient (IndexedSlices): a PS moves only touched rows, "
-                          "allgather would grow with the number of ranks")
-    if info.gradient == "none":
-        return ROUTE_ALLREDUCE, "no gradient reaches it from the loss: replicated, never updated"
-    return ROUTE_ALLREDUCE, "dense gradient: ring AllReduce moves 2(N-1)/N of it with no hotspot"
+from rewriters.shared.rules import by_gradient
+from rewriters.shared.sync import assemble
 
 
 class Hybrid(strategy.Strategy):
@@ -27,7 +18,7 @@ class Hybrid(strategy.Strategy):
         return strategy.Decisions({info.name: self.route(info) for info in request.capture.variables})
 
     def route(self, info):
-        return hybrid_route(info)
+        return by_gradient(info)
 
     def rewrite(self, request):
         return assemble(request, self.routes, self.name)

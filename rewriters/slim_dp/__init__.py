@@ -5,8 +5,8 @@ import math
 
 from parallax_tf import strategy
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, ROUTE_SIGNIFICANT, Shard
-from rewriters.parallax import hybrid_route
-from rewriters.parallax.sync import assemble
+from rewriters.shared.rules import by_gradient
+from rewriters.shared.sync import assemble
 from rewriters.slim_dp.options import SlimOptions
 from rewriters.slim_dp.route import SignificantRoute
 
@@ -27,7 +27,7 @@ class SlimDP(strategy.Strategy):
         for info in request.capture.variables:
             routes[info.name] = (ROUTE_SIGNIFICANT, (
                 "dense gradient, strategy slim_dp: a local replica per rank; each round only the significant "
-                "+ explored coordinates are synchronised on the PS")) if info.gradient == "dense" else hybrid_route(info)
+                "+ explored coordinates are synchronised on the PS")) if info.gradient == "dense" else by_gradient(info)
         return strategy.Decisions(routes)
 
     def place(self, entry, info, request, server_load):

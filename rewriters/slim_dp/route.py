@@ -28,7 +28,7 @@ import tensorflow as tf
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.strategy import BuildRequest
-from rewriters.parallax.sync import RouteState
+from rewriters.shared.sync import RouteState
 from rewriters.shared.rebuild import Rebuilt
 from rewriters.slim_dp.options import SlimOptions
 

@@ -9,7 +9,7 @@ fully connected head on the activations the others (conv nodes) send them.
 import dataclasses
 
 from parallax_tf import strategy
-from rewriters.stanza import plan
+from rewriters.stanza import cost, plan
 from rewriters.stanza.measure import HeadMeasure
 from rewriters.stanza.rewrite import rewrite
 
@@ -34,6 +34,9 @@ class Stanza(strategy.Strategy):
 
     def decide(self, request):
         return plan.decide(request)
+
+    def offer(self, request, data_parallel_s):
+        return cost.offer(request, data_parallel_s, request.options_of(self.name))
 
     def rewrite(self, request):
         return rewrite(request)

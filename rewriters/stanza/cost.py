@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 from parallax_tf.costmodel import Choice, Cluster, Load, Prediction, predict, received_cpu_s
 from parallax_tf.plan import ROUTE_ALLREDUCE
+from parallax_tf.strategy import Offer
 
 
 @dataclasses.dataclass
@@ -125,3 +126,29 @@ def choose_fc_nodes(loads: List[Load], split: LayerSplitLoad, cluster: Cluster, 
     options = range(1, max(1, cluster.ranks // 2) + 1)
     return min(((f, predict_stanza(loads, split, cluster, compute_s, f, microbatches)) for f in options),
                key=lambda item: (per_batch_s(item[1].step_s, cluster.ranks, item[0]), item[0]))
+
+
+def batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
+
+
+def offer(request, data_parallel_s: float, options):
+    """Stanza as a whole-plan alternative (strategy.Offer) where the cost model predicts it to
+    train a batch 5% or more faster than data parallelism's `data_parallel_s` step, else None.
+    (Stanza on 2 ranks is 1 conv node: half the batches a step.)"""
+    from rewriters.stanza.measure import found_head
+    capture, cluster = request.capture, request.cost_cluster
+    split = layer_split_load(capture)
+    if split is None or cluster.ranks < 2:
+        return None
+    if any(s.name in found_head(capture).head.state for s in capture.state):
+        return None                 # batch norm inside the head: no test covers it yet, stay data parallel
+    fc_nodes, predicted = choose_fc_nodes(request.loads, split, cluster, capture.compute_s or 0.0)
+    ranks = cluster.ranks
+    if not prefers_stanza(predicted.step_s, fc_nodes, data_parallel_s, ranks):
+        return None
+    why = (f"predicted {per_batch_s(predicted.step_s, ranks, fc_nodes) * 1000:.1f}ms per batch "
+           f"with {fc_nodes} FC node(s), a {predicted.step_s * 1000:.1f}ms step of "
+           f"{batches(ranks - fc_nodes)}, vs {per_batch_s(data_parallel_s, ranks) * 1000:.1f}ms "
+           f"data parallel, a {data_parallel_s * 1000:.1f}ms step of {batches(ranks)}")
+    return Offer(options=dataclasses.replace(options, fc_nodes=fc_nodes), why=why, batches=ranks - fc_nodes)

@@ -33,7 +33,7 @@ from parallax_tf.plan import ROUTE_FC_NODE, ROUTE_LOCAL
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.runtime.runner import SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
-from rewriters.parallax.allreduce_route import AllReduceRoute
+from rewriters.shared.allreduce_route import AllReduceRoute
 from rewriters.shared import exchange, graph_copy, transform as transform_lib
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
 from rewriters.shared.rebuild import advancing_global_step, ancestors, gradients, rebuild

@@ -20,8 +20,8 @@ from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
-from rewriters.parallax.allreduce_route import AllReduceRoute
-from rewriters.parallax.ps_route import PSRoute
+from rewriters.shared.allreduce_route import AllReduceRoute
+from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
 from rewriters.shared.pruning import needed_without, without, written_variables
 from rewriters.shared.rebuild import advancing_global_step, ancestors, rebuild

@@ -9,7 +9,7 @@ reads a variable before it is updated.
 
 Every tensor that crosses between tasks is a RecvTensor call of its own (a gRPC round trip, a
 few segments each way, runtime CPU on both ends), so nothing crosses that need not: a rank's
-lookups on one server share one message each way (rewriters/parallax/ps_packing.py), a push reuses the
+lookups on one server share one message each way (rewriters/shared/ps_packing.py), a push reuses the
 ids its lookup already sent, its shape and step are constants on the server, and a rank waits
 for its token on its own worker rather than through every server.
 """
@@ -20,7 +20,7 @@ from typing import List
 import tensorflow as tf
 
 from parallax_tf.strategy import BuildRequest
-from rewriters.parallax import ps_packing
+from rewriters.shared import ps_packing
 from rewriters.shared.rebuild import Rebuilt, ancestors
 from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
