@@ -19,7 +19,7 @@ from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
-from parallax_tf.planner import make_plan, measurements
+from parallax_tf.planner import PlanRequest, make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepStats, StepTracer, Summaries,
@@ -280,9 +280,9 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     import horovod.tensorflow as hvd
     text = None
     if topo.is_chief:
-        plan = make_plan(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
+        plan = make_plan(PlanRequest(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
-                         opts.options, opts.strategy_options)
+                         opts.options, opts.strategy_options))
         plan.servers = list(cluster.server_addresses)
         plan.devices = cluster.devices
         text = plan.to_json()
@@ -293,8 +293,8 @@ def _plan_only(model_fn, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(model_fn, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
-    plan = make_plan(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options)
+    plan = make_plan(PlanRequest(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
+                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options))
     listed = devices.listed_gpus()
     if listed and opts.gpus_per_rank != 0:     # what the ranks of one host would compute on
         import horovod.tensorflow as hvd

@@ -7,32 +7,27 @@ cost model predicts fastest), AllReduce fusion groups, model state, byte estimat
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import List
 
-from parallax_tf import strategy as strategy_lib
+from parallax_tf import routes as route_lib, strategy as strategy_lib
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ASYNC_PS, ROUTE_LOCAL, ROUTE_PS, Plan, Shard, VariablePlan
+from parallax_tf.plan import ROUTE_LOCAL, ROUTE_PS, Plan, Shard, VariablePlan
 from parallax_tf.strategy import Decisions, PlanRequest
 
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
 
 
-def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
-              partitions: Optional[int] = None, local_aggregation: bool = True, cost_cluster=None,
-              options=None, all_options: Optional[dict] = None) -> Plan:
-    """`cost_cluster` (a costmodel.Cluster) is what the cost model plans for: the shard count of
-    every sparse PS variable, and routes where a strategy asks it (default: num_hosts hosts at
-    the cost model's defaults); `partitions` forces that count. `options`: the strategy's options
-    dataclass, or a dict of its fields over the defaults; `all_options`: every strategy's, for a
-    rule that may choose another strategy."""
-    chosen = strategy_lib.get(strategy)
+def make_plan(request: PlanRequest) -> Plan:
+    """The plan for `request.strategy`. `request.cost_cluster` (a costmodel.Cluster) is what the
+    cost model plans for: the shard count of every sparse PS variable, and routes where a
+    strategy asks it (default: num_hosts hosts at the cost model's defaults); `partitions`
+    forces that count."""
+    chosen = strategy_lib.get(request.strategy)
+    capture, num_ranks, num_hosts, partitions = request.capture, request.num_ranks, request.num_hosts, \
+        request.partitions
     if partitions is not None and partitions < 1:
         raise ConfigError(f"--partitions must be >= 1, got {partitions}")
-    if options is None or isinstance(options, dict):
-        options = chosen.Options(**(options or {}))
-    request = PlanRequest(capture, num_ranks, num_hosts, partitions, local_aggregation, cost_cluster, options,
-                          dict(all_options or {}))
     decided = chosen.decide(request)
     if decided.plan is not None:        # the rule chose another strategy's whole plan
         return decided.plan
@@ -41,24 +36,24 @@ def make_plan(capture: Capture, strategy: str, num_ranks: int, num_hosts: int,
     server_load = [0] * num_hosts
     entries = []
     for info in capture.variables:
-        route, reason = decided.routes[info.name]
+        route_name, reason = decided.routes[info.name]
+        route = route_lib.get(route_name)
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
-                             gradient=info.gradient, layer=info.layer, route=route, reason=reason,
+                             gradient=info.gradient, layer=info.layer, route=route_name, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned,
                              params=dict(decided.params.get(info.name, {})))
         count = (partitions, "--partitions") if partitions is not None else counts.get(info.name, (1, ""))
-        if route in (ROUTE_PS, ROUTE_ASYNC_PS):        # on parameter servers: sharded by rows
+        if route.on_servers:
             shard(entry, info, count, num_hosts, server_load)
-        chosen.place(entry, info, request, server_load)
+        route.place(entry, info, request, server_load)
         ranks = len(entry.params.get("ranks", range(num_ranks)))
-        estimate = chosen.bytes_per_step(entry, info, ranks, options)
-        entry.bytes_per_step = estimate if estimate is not None else estimate_bytes_per_step(entry, info, ranks)
+        entry.bytes_per_step = route.bytes_per_step(entry, info, ranks, request)
         entries.append(entry)
-    _assign_fusion_groups([e for e in entries if e.route == ROUTE_ALLREDUCE and e.gradient == "dense"])
+    _assign_fusion_groups([e for e in entries if route_lib.get(e.route).fused and e.gradient == "dense"])
     entries.extend(_model_state(capture, decided))
-    return Plan(strategy=strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
-                local_aggregation=local_aggregation, variables=entries, global_step=capture.global_step,
-                split=decided.split, pipeline=decided.pipeline, options=dataclasses.asdict(options))
+    return Plan(strategy=request.strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
+                local_aggregation=request.local_aggregation, variables=entries, global_step=capture.global_step,
+                section=decided.section, options=dataclasses.asdict(request.options))
 
 
 def _model_state(capture: Capture, decided: Decisions) -> List[VariablePlan]:
@@ -124,7 +119,8 @@ def _modelled_partitions(request: PlanRequest, routes: dict) -> dict:
     `cluster` (costmodel.choose with the routes fixed), with why."""
     from parallax_tf import costmodel
     capture = request.capture
-    as_ps = {name: ROUTE_PS if route in (ROUTE_PS, ROUTE_ASYNC_PS) else route for name, route in routes.items()}
+    # every route on the parameter servers is priced as the PS route
+    as_ps = {name: ROUTE_PS if route_lib.get(route).on_servers else route for name, route in routes.items()}
     if not any(r == ROUTE_PS and i.gradient == "sparse" for i in capture.variables for r in [as_ps[i.name]]):
         return {}
     cluster = request.cost_cluster or costmodel.Cluster(request.num_hosts,
@@ -143,21 +139,6 @@ def _modelled_partitions(request: PlanRequest, routes: dict) -> dict:
         out[load.name] = (chosen, f"cost model: predicted step {predicted[chosen] * 1000:.1f}ms"
                                   f"{'; ' + others if others else ''}; constants: {cluster.calibration}")
     return out
-
-
-def estimate_bytes_per_step(entry: VariablePlan, info: VariableInfo, num_ranks: int) -> int:
-    """Bytes one rank sends plus receives for this variable in one step (plan-time estimate)."""
-    if num_ranks <= 1 or info.gradient == "none":
-        return 0
-    if info.gradient == "sparse":
-        rows = info.rows_touched if info.rows_touched is not None else info.shape[0]
-        touched = rows * (info.row_bytes + 8)            # values + int64 index
-        if entry.route in (ROUTE_PS, ROUTE_ASYNC_PS):
-            return 2 * touched - rows * 8                # push grad rows, pull rows
-        return (num_ranks - 1) * touched                 # allgather: everyone's rows arrive
-    if entry.route in (ROUTE_PS, ROUTE_ASYNC_PS):
-        return 2 * info.bytes                            # push gradient, pull variable
-    return int(2 * (num_ranks - 1) / num_ranks * info.bytes)
 
 
 def _assign_fusion_groups(entries: List[VariablePlan]) -> None:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from parallax_tf import plan as plan_lib
 from parallax_tf.errors import ConfigError
 
 
@@ -59,15 +60,22 @@ def define_flags(options_type) -> None:
 # ---- planning ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class PlanRequest:
-    """What a planning rule gets: the inspected model, the cluster, and the options."""
+    """What the planner and a planning rule get: the inspected model, the strategy, the cluster,
+    and the options."""
     capture: object                       # inspect_graph.Capture
+    strategy: str                         # --strategy
     num_ranks: int
     num_hosts: int
     partitions: Optional[int] = None      # --partitions: forced shard count of sparse PS variables
     local_aggregation: bool = True
     cost_cluster: object = None           # costmodel.Cluster the cost model plans for
-    options: object = None                # this strategy's options dataclass
+    options: object = None                # this strategy's options dataclass (a dict of its fields: over the defaults)
     all_options: Dict[str, object] = dataclasses.field(default_factory=dict)   # strategy -> its options
+
+    def __post_init__(self):
+        self.all_options = dict(self.all_options or {})
+        if self.options is None or isinstance(self.options, dict):
+            self.options = get(self.strategy).Options(**(self.options or {}))
 
     def options_of(self, name: str):
         """Another strategy's options (a rule that may choose it): as parsed, else its defaults."""
@@ -88,8 +96,7 @@ class Decisions:
     partitions: Optional[Dict[str, Tuple[int, str]]] = None   # shard counts chosen (None: the planner's)
     state: Dict[str, Tuple[list, str]] = dataclasses.field(default_factory=dict)  # state -> (ranks, where)
     ranks_meet: bool = True        # False: ranks never step together, so no state is averaged over them
-    split: object = None           # plan.LayerSplit
-    pipeline: object = None        # plan.Pipeline
+    section: object = None         # the strategy's own plan data (an instance of its Strategy.Section)
     plan: object = None            # a whole plan made by another strategy's rule instead
 
 
@@ -111,20 +118,15 @@ class Strategy:
     # its step computes the loss once over the data ranks' batches joined: model_fn's ctx says so
     # (RunContext.batch_joined), from inspection on
     batch_joined: bool = False
+    # the type of its own plan data (Plan.section): a dataclass with lines() (what the plan's
+    # table shows of it) and from_dict() (its JSON back); None: it has none
+    Section: Optional[type] = None
 
     def check(self, options) -> None:
         """Raises ConfigError for option values this strategy cannot run with."""
 
     def decide(self, request: PlanRequest) -> Decisions:
         raise NotImplementedError
-
-    def place(self, entry, info, request: PlanRequest, server_load: List[int]) -> None:
-        """Lays out a variable on a route of this strategy's own (shards, copies). The planner
-        has already sharded the parameter-server routes (ps, async_ps) by rows."""
-
-    def bytes_per_step(self, entry, info, num_ranks: int, options) -> Optional[int]:
-        """Plan-time bytes estimate for a route of this strategy's own (None: the planner's)."""
-        return None
 
     def offer(self, request: PlanRequest, data_parallel_s: float) -> Optional[Offer]:
         """This strategy's plan as an alternative to a data-parallel one predicted to take
@@ -142,6 +144,8 @@ def register(strategy: Strategy) -> Strategy:
     if strategy.name in _REGISTRY and type(_REGISTRY[strategy.name]) is not type(strategy):
         raise ValueError(f"strategy {strategy.name!r} registered twice")
     define_flags(strategy.Options)
+    if strategy.Section is not None:
+        plan_lib.register_section(strategy.name, strategy.Section)
     _REGISTRY[strategy.name] = strategy
     return strategy
 

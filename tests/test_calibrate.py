@@ -12,7 +12,7 @@ from parallax_tf import calibration, costmodel
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import PlanRequest, make_plan
 from tests.test_rig import _run
 
 CONSTANTS = calibration.REQUIRED + calibration.LATER
@@ -132,7 +132,7 @@ def test_shard_counts_follow_the_calibration_file():
     def shards(path):
         # 8 hosts sharing 2 cores (as tools.cluster emulates them): a PS task costs every rank CPU
         cluster = costmodel.Cluster.calibrated(8, 1, link, cores=2, calibration=calibration.load(path))
-        plan = make_plan(captured, "hybrid", 8, 8, cost_cluster=cluster).by_name()
+        plan = make_plan(PlanRequest(captured, "hybrid", 8, 8, cost_cluster=cluster)).by_name()
         return {name: plan[name] for name in ("embedding", "softmax_w")}
 
     for entry in shards(cheap).values():     # tasks are free: spread the hot spot over every host

@@ -15,7 +15,7 @@ from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.plan import Plan
-from parallax_tf.planner import make_plan, measurements
+from parallax_tf.planner import PlanRequest, make_plan, measurements
 from rewriters.dsp import cut as pipeline_cut
 from tests import dsp_models, launch, reference as ref_lib
 
@@ -43,7 +43,7 @@ def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: i
     `segment` batches (0: only at the end). Returns (variables, per pipeline the losses in batch
     order)."""
     model_fn, input_fn, kind_rate = dsp_models.MODELS[name]
-    pipe = plan.pipeline
+    pipe = plan.section
     count, scale = len(pipe.stages), pipe.grad_scale
     graph = tf.Graph()
     with graph.as_default():
@@ -128,7 +128,7 @@ def reference(name: str, plan: Plan, steps: int = dsp_models.BATCHES, segment: i
 def check_against_reference(out: str, name: str, ranks: int, steps: int = dsp_models.BATCHES, segment: int = 0):
     got = results(out, name, ranks)
     plan = Plan.from_json(str(got[0]["plan"]))
-    assert len(plan.pipeline.stages) * plan.pipeline.replicas == ranks
+    assert len(plan.section.stages) * plan.section.replicas == ranks
     want, want_losses = reference(name, plan, steps, segment)
     for var, value in want.items():
         error = ref_lib.relative_error(got[0][f"var:{var}"], value)
@@ -136,7 +136,7 @@ def check_against_reference(out: str, name: str, ranks: int, steps: int = dsp_mo
         for other in got[1:]:               # every stage hands back the same whole values
             np.testing.assert_array_equal(other[f"var:{var}"], got[0][f"var:{var}"])
     for rank, r in enumerate(got):          # each stage saw its pipeline's losses, in batch order
-        np.testing.assert_allclose(r["losses"], want_losses[plan.pipeline.pipeline_of(rank)], rtol=1e-5)
+        np.testing.assert_allclose(r["losses"], want_losses[plan.section.pipeline_of(rank)], rtol=1e-5)
         assert int(r["global_step"]) == steps
     return got, want
 
@@ -153,9 +153,9 @@ def test_stages_end_where_the_reference_does(stages, name):
 
 def dataclass_single_stage(plan: Plan) -> Plan:
     """The plan with one stage holding every variable: ordinary training."""
-    from parallax_tf.plan import Pipeline, Stage
-    everything = sorted(v for s in plan.pipeline.stages for v in s.variables)
-    plan.pipeline = Pipeline([Stage(0, [0], everything, 1.0)], 1, plan.pipeline.grad_scale)
+    from rewriters.dsp.pipeline import Pipeline, Stage
+    everything = sorted(v for s in plan.section.stages for v in s.variables)
+    plan.section = Pipeline([Stage(0, [0], everything, 1.0)], 1, plan.section.grad_scale)
     return plan
 
 
@@ -274,13 +274,13 @@ def _uneven():
 def test_planner_balances_measured_compute():
     import itertools
     captured = _capture(*_uneven())
-    plan = make_plan(captured, "dsp", 3, 1, options={"stages": 3})
-    stages = [set(s.variables) for s in plan.pipeline.stages]
+    plan = make_plan(PlanRequest(captured, "dsp", 3, 1, options={"stages": 3}))
+    stages = [set(s.variables) for s in plan.section.stages]
     # the two big layers (32x1024 and 1024x32) are never in one stage
     assert not any({"layer1/kernel", "layer2/kernel"} <= s for s in stages), stages
     # no other pair of nested cuts has a faster slowest stage (the same measurements)
     points = captured.measured["pipeline"].points
-    chosen = [p for p in points if p.name in {s.input for s in plan.pipeline.stages}]
+    chosen = [p for p in points if p.name in {s.input for s in plan.section.stages}]
     best = min(max(pipeline_cut.stage_costs(captured.measured["pipeline"], [a, b])) for a, b in itertools.combinations(points, 2)
                if set(a.below_ops) < set(b.below_ops) and set(b.variables) - set(a.variables)
                and set(captured.measured["pipeline"].variables) - set(b.variables))
@@ -302,26 +302,27 @@ def test_more_stages_than_layers_is_refused():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=1, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"--stages=4: the model can be cut into at most 2 stage\(s\)"):
-        make_plan(captured, "dsp", 4, 1, options={"stages": 4})
+        make_plan(PlanRequest(captured, "dsp", 4, 1, options={"stages": 4}))
 
 
 def test_stages_times_replicas_must_be_the_ranks():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"--stages=3 x --dsp_replicas=2 = 6 rank\(s\), but the job has 4"):
-        make_plan(captured, "dsp", 4, 1, options={"stages": 3, "replicas": 2})
+        make_plan(PlanRequest(captured, "dsp", 4, 1, options={"stages": 3, "replicas": 2}))
 
 
 def test_named_cuts_must_separate_the_graph():
     from models import mlp
     captured = _capture(mlp.make_model_fn(depth=3, vocab=0), mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"'labels:0' cannot begin a stage: it is not an activation"):
-        make_plan(captured, "dsp", 2, 1, options={"cuts": ["labels"]})
+        make_plan(PlanRequest(captured, "dsp", 2, 1, options={"cuts": ["labels"]}))
     with pytest.raises(ConfigError, match=r"does not come after 'hidden2/Tanh:0'"):
-        make_plan(captured, "dsp", 3, 1, options={"cuts": ["hidden2/Tanh", "hidden/Tanh"]})
-    plan = make_plan(captured, "dsp", 2, 1, options={"cuts": ["hidden2/Tanh:0"]})
-    assert plan.pipeline.stages[1].input == "hidden2/Tanh:0"
-    assert plan.pipeline.stages[1].variables == ["hidden3/bias", "hidden3/kernel", "out/bias", "out/kernel"]
+        make_plan(PlanRequest(captured, "dsp", 3, 1, options={"cuts": ["hidden2/Tanh", "hidden/Tanh"]}))
+    plan = make_plan(PlanRequest(captured, "dsp", 2, 1, options={"cuts": ["hidden2/Tanh:0"]}))
+    assert plan.section.stages[1].input == "hidden2/Tanh:0"
+    assert plan.section.stages[1].variables == ["hidden3/bias", "hidden3/kernel", "out/bias", "out/kernel"]
+    assert Plan.from_json(plan.to_json()) == plan       # the pipeline travels with the plan
 
 
 def test_a_skip_connection_is_not_a_cut():
@@ -338,7 +339,7 @@ def test_a_skip_connection_is_not_a_cut():
     from models import mlp
     captured = _capture(model_fn, mlp.make_input_fn(vocab=0))
     with pytest.raises(ConfigError, match=r"'b/Tanh:0' cannot begin a stage: .*also reads 'a/Tanh:0'.*skip connection"):
-        make_plan(captured, "dsp", 2, 1, options={"cuts": ["b/Tanh"]})
+        make_plan(PlanRequest(captured, "dsp", 2, 1, options={"cuts": ["b/Tanh"]}))
 
 
 def test_the_tick_schedule_is_data_a_test_can_walk():

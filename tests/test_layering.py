@@ -158,3 +158,24 @@ def test_horovods_runner_is_reached_through_its_shim_only_and_every_pinned_name_
     gone = horovod_runner.missing()
     assert not gone, f"Horovod {horovod.__version__} has no {', '.join(gone)}: update {shim}"
     assert {name for _, name in horovod_runner.PINNED} >= {"launch_gloo", "execute", "get_common_interfaces"}
+
+
+def test_a_route_is_named_only_where_it_is_defined():
+    """The planner and the plan ask a route (parallax_tf.routes), never compare its name; a
+    technique's route is spelled only inside its own package (elsewhere: the name it exports)."""
+    import parallax_tf  # noqa: F401  (registers every technique and its routes)
+    from parallax_tf import routes
+    owners = {name: type(routes.get(name)).__module__.rsplit(".", 1)[0] for name in routes.names()}
+    assert {"ps", "allreduce", "local", "significant", "async_ps", "fc_node", "stage"} <= set(owners)
+    asking = {"parallax_tf.planner", "parallax_tf.plan", "parallax_tf.api", "parallax_tf.strategy"}
+    spelled = []
+    for module, path in _modules().items():
+        if module.split(".")[0] not in PACKAGES:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if not (isinstance(node, ast.Constant) and node.value in owners):
+                continue
+            owner = owners[node.value]
+            if module in asking or owner != "parallax_tf" and not module.startswith(owner):
+                spelled.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}")
+    assert not spelled, "route names spelled outside their route's package:\n" + "\n".join(spelled)

@@ -7,7 +7,7 @@ import tensorflow as tf
 import parallax_tf as ptf
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import PlanRequest, make_plan
 from tests import cases, launch
 
 
@@ -46,33 +46,33 @@ def test_variable_used_sparse_and_dense_is_dense():
         return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
     got = capture(model_fn, lambda ctx: {"ids": np.arange(3)}, RunContext(), seed=0)
     assert got.variables[0].gradient == "dense"
-    plan = make_plan(got, "hybrid", num_ranks=2, num_hosts=1)
+    plan = make_plan(PlanRequest(got, "hybrid", num_ranks=2, num_hosts=1))
     assert plan.variables[0].route == "allreduce"
 
 
 @pytest.mark.parametrize("strategy,emb_route,w_route", [
     ("hybrid", "ps", "allreduce"), ("ps", "ps", "ps"), ("allreduce", "allreduce", "allreduce")])
 def test_routes_per_strategy(strategy, emb_route, w_route):
-    plan = make_plan(_capture("mixed"), strategy, num_ranks=4, num_hosts=2).by_name()
+    plan = make_plan(PlanRequest(_capture("mixed"), strategy, num_ranks=4, num_hosts=2)).by_name()
     assert plan["emb"].route == emb_route and plan["w"].route == w_route
 
 
 def test_shard_count_from_the_cost_model_override_and_server_spread():
     from parallax_tf.costmodel import Cluster
     captured = _capture("mixed")
-    one_host = make_plan(captured, "hybrid", 4, 1).by_name()["emb"]
+    one_host = make_plan(PlanRequest(captured, "hybrid", 4, 1)).by_name()["emb"]
     assert one_host.partitions == 1 and "cost model: predicted step" in one_host.reason   # nothing to spread
     slow_links = Cluster(2, 2, bandwidth_bytes_per_s=1e3)          # every byte counts: spread over both hosts
-    spread = make_plan(captured, "hybrid", 4, 2, cost_cluster=slow_links).by_name()["emb"]
+    spread = make_plan(PlanRequest(captured, "hybrid", 4, 2, cost_cluster=slow_links)).by_name()["emb"]
     assert spread.partitions == 2 and sorted(s.server for s in spread.shards) == [0, 1], spread
     assert "2 partition(s) (cost model: predicted step" in spread.reason
     busy_cpus = Cluster(2, 2, bandwidth_bytes_per_s=1e3, cores=1, task_cpu_s=10.0)   # each PS task costs 10s
-    assert make_plan(captured, "hybrid", 4, 2, cost_cluster=busy_cpus).by_name()["emb"].partitions == 1
-    forced = make_plan(captured, "hybrid", 4, 2, partitions=3, cost_cluster=slow_links).by_name()["emb"]
+    assert make_plan(PlanRequest(captured, "hybrid", 4, 2, cost_cluster=busy_cpus)).by_name()["emb"].partitions == 1
+    forced = make_plan(PlanRequest(captured, "hybrid", 4, 2, partitions=3, cost_cluster=slow_links)).by_name()["emb"]
     assert [(s.row_start, s.row_end) for s in forced.shards] == [(0, 7), (7, 14), (14, 20)]
     assert [s.name for s in forced.shards] == ["emb/part_0", "emb/part_1", "emb/part_2"]
     assert "3 partition(s) (--partitions)" in forced.reason
-    even = make_plan(captured, "hybrid", 4, 2, partitions=4).by_name()["emb"]
+    even = make_plan(PlanRequest(captured, "hybrid", 4, 2, partitions=4)).by_name()["emb"]
     assert [s.row_end - s.row_start for s in even.shards] == [5, 5, 5, 5]
     assert sorted({s.server for s in even.shards}) == [0, 1]
 
@@ -84,19 +84,19 @@ def test_tf_variable_is_never_partitioned_and_says_why():
         return ptf.Model(loss=tf.reduce_mean(tf.gather(emb, ids)),
                          optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
     got = capture(model_fn, lambda ctx: {"ids": np.arange(3)}, RunContext(), seed=0)
-    entry = make_plan(got, "hybrid", 2, 1, partitions=2).variables[0]
+    entry = make_plan(PlanRequest(got, "hybrid", 2, 1, partitions=2)).variables[0]
     assert entry.partitions == 1 and "created by tf.Variable" in entry.reason
 
 
 def test_bytes_estimates():
-    plan = make_plan(_capture("mixed"), "hybrid", num_ranks=4, num_hosts=1).by_name()
+    plan = make_plan(PlanRequest(_capture("mixed"), "hybrid", num_ranks=4, num_hosts=1)).by_name()
     assert plan["w"].bytes_per_step == int(2 * 3 / 4 * cases.DIM * cases.CLASSES * 4)   # ring AllReduce
     rows = _capture("mixed").variables[0].rows_touched
     assert plan["emb"].bytes_per_step == rows * (cases.DIM * 4 + 8) + rows * cases.DIM * 4   # push + pull
 
 
 def test_plan_round_trips_json_and_prints_a_table():
-    plan = make_plan(_capture("partitioned"), "hybrid", 2, 1)
+    plan = make_plan(PlanRequest(_capture("partitioned"), "hybrid", 2, 1))
     again = ptf.Plan.from_json(plan.to_json())
     assert again == plan
     table = plan.table()
@@ -152,7 +152,7 @@ def test_model_state_and_global_step_in_the_plan():
     got = _capture("ema", "adagrad")
     assert got.global_step == "global_step"
     assert {s.name: s.per_rank for s in got.state} == {f"{v}/ExponentialMovingAverage": False for v in ("emb", "w", "b")}
-    plan = make_plan(_capture("bn", "momentum"), "hybrid", 2, 1)
+    plan = make_plan(PlanRequest(_capture("bn", "momentum"), "hybrid", 2, 1))
     local = {v.name: (v.route, v.params["combine"]) for v in plan.variables if v.route == "local"}
     assert local == {"bn/moving_mean": ("local", "mean"), "bn/moving_variance": ("local", "mean")}
     assert plan.global_step == "global_step" and "global_step=global_step" in plan.table()
@@ -185,7 +185,7 @@ def test_slim_dp_plan_routes_and_splits():
         return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
     got = capture(model_fn, lambda ctx: {"x": np.ones([2, 300], np.float32), "ids": np.arange(2)}, RunContext(), seed=0)
     slim = {"core": 0.1, "explore": 0.02, "refresh": 10, "period": 2, "update_weight": 1.0, "error_feedback": False}
-    whole = make_plan(got, "slim_dp", num_ranks=8, num_hosts=4, options=slim)
+    whole = make_plan(PlanRequest(got, "slim_dp", num_ranks=8, num_hosts=4, options=slim))
     plan = whole.by_name()
     assert plan["emb"].route == "ps" and plan["big"].route == plan["small"].route == "significant"
     assert whole.options == slim and plan["big"].layout == "flat"     # the options once, on the plan

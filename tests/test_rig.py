@@ -14,7 +14,7 @@ from parallax_tf.costmodel import Choice, Cluster, Load
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
-from parallax_tf.planner import make_plan, measurements
+from parallax_tf.planner import PlanRequest, make_plan, measurements
 from tests import launch
 from tools import cpu_quota, netns
 
@@ -134,7 +134,7 @@ def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():
     captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0, **measurements("auto"))
     def plan_at(rate):
         cluster = Cluster(hosts=8, ranks_per_host=1, bandwidth_bytes_per_s=costmodel.parse_rate(rate))
-        return make_plan(captured, "auto", num_ranks=8, num_hosts=8, cost_cluster=cluster).by_name()
+        return make_plan(PlanRequest(captured, "auto", num_ranks=8, num_hosts=8, cost_cluster=cluster)).by_name()
     for rate in ("100mbit", "10mbit"):
         plan = plan_at(rate)
         for sparse in ("embedding", "softmax_w"):

@@ -18,7 +18,7 @@ from parallax_tf.errors import ModelError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import RunContext
 from parallax_tf.plan import Plan
-from parallax_tf.planner import make_plan, measurements
+from parallax_tf.planner import PlanRequest, make_plan, measurements
 from rewriters.stanza.measure import found_head
 from tests import cases, launch, reference
 
@@ -76,7 +76,7 @@ def test_staggered_sends_give_the_same_step(name):
     # one collective per position in a group: the second turn has a sender in group [0, 1] only
     out = run_cases(5, 2, staggered=True)
     check(out, name, 5, 3)
-    assert Plan.from_json(str(np.load(os.path.join(out, f"{name}.rank0.npz"))["plan"])).split.staggered
+    assert Plan.from_json(str(np.load(os.path.join(out, f"{name}.rank0.npz"))["plan"])).section.staggered
 
 
 @pytest.mark.parametrize("name", MICRO_CASES)
@@ -102,7 +102,7 @@ def test_micro_batches_with_metrics_are_refused():
     with pytest.raises(ConfigError, match=r"--stanza_microbatches=2 with Model\(metrics=...\) \('loss_again'\): the "
                                           r"FC node computes the metrics on the batch it receives whole"):
         _plan(with_metrics, cases.input_fn_for("cnn"), microbatches=2)
-    assert _plan(with_metrics, cases.input_fn_for("cnn")).split.microbatches == 1
+    assert _plan(with_metrics, cases.input_fn_for("cnn")).section.microbatches == 1
 
 
 def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
@@ -116,7 +116,7 @@ def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
 
 def _plan(model_fn, input_fn, ranks=3, **stanza):
     captured = capture(model_fn, input_fn, RunContext(), 0, measures=measurements("stanza")["measures"])
-    return make_plan(captured, "stanza", ranks, 1, options={"fc_nodes": 1, **stanza})
+    return make_plan(PlanRequest(captured, "stanza", ranks, 1, options={"fc_nodes": 1, **stanza}))
 
 
 def test_plan_finds_the_cut_and_names_the_nodes():
@@ -125,7 +125,7 @@ def test_plan_finds_the_cut_and_names_the_nodes():
     routes = {v.name: v.route for v in plan.variables}
     assert {n for n, r in routes.items() if r == "fc_node"} == {"fc1/kernel", "fc1/bias", "fc2/kernel", "fc2/bias"}
     assert routes["conv/kernel"] == routes["conv/bias"] == "allreduce"
-    split = plan.split
+    split = plan.section
     assert split.conv_ranks == [0, 1] and split.fc_ranks == [2, 3] and split.groups == [[0], [1]]
     assert [(t.name, t.shape, t.kind, t.bytes_per_example) for t in split.cut] == \
         [("Reshape:0", [36], "activation", 144), ("labels:0", [], "data", 8)]
@@ -143,14 +143,14 @@ def test_plan_staggers_sends_where_together_they_would_overflow_the_fc_nodes_por
     queue_holds = lambda n: costmodel.Cluster(1, bandwidth_bytes_per_s=n / costmodel.PORT_QUEUE_S)  # noqa: E731
 
     def staggered(cluster, ranks=3, **stanza):
-        return make_plan(captured, "stanza", ranks, 1, cost_cluster=cluster,
-                         options={"fc_nodes": 1, **stanza}).split.staggered
+        return make_plan(PlanRequest(captured, "stanza", ranks, 1, cost_cluster=cluster,
+                         options={"fc_nodes": 1, **stanza})).section.staggered
     assert staggered(queue_holds(burst - 1)) and not staggered(queue_holds(burst))
     assert not staggered(queue_holds(burst - 1), microbatches=2)      # half the burst each time
     assert not staggered(queue_holds(burst - 1), ranks=2)             # one conv node: nothing to stagger
     assert not staggered(queue_holds(burst - 1), sends="together")
     assert staggered(queue_holds(10 * burst), sends="staggered")
-    plan = make_plan(captured, "stanza", 3, 1, cost_cluster=queue_holds(burst - 1))
+    plan = make_plan(PlanRequest(captured, "stanza", 3, 1, cost_cluster=queue_holds(burst - 1)))
     assert "conv nodes send one at a time (staggered)" in plan.table()
     assert (f"sends: staggered: 2 conv node(s) send {burst / 1024:.1f}KB at once, the FC node's port queues "
             f"{(burst - 1) / 1024:.1f}KB") in plan.table()
@@ -182,7 +182,7 @@ def test_keras_batch_norm_state_stays_with_the_conv_nodes():
     assert by_name["bn/moving_mean"].route == "local" and by_name["bn/moving_mean"].params["ranks"] == [0, 1]
     assert by_name["dense/kernel"].route == "fc_node" and by_name["dense_1/kernel"].route == "fc_node"
     assert by_name["bn/gamma"].route == "allreduce"
-    assert [t.name for t in plan.split.cut] == ["sequential/flatten/Reshape:0", "labels:0"]
+    assert [t.name for t in plan.section.cut] == ["sequential/flatten/Reshape:0", "labels:0"]
 
 
 def _interleaved():
@@ -360,22 +360,22 @@ def test_auto_chooses_stanza_when_the_cost_model_predicts_it():
     captured = capture(_wide_head_cnn, _wide_images, RunContext(), 0, **measurements("auto"))
     assert found_head(captured).compute_s > 0 and found_head(captured).batch_size == 16
     slow = costmodel.Cluster(8, bandwidth_bytes_per_s=10e6 / 8)
-    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow, options={"stanza": True})
-    assert plan.strategy == "stanza" and plan.split.fc_ranks == [7]
+    plan = make_plan(PlanRequest(captured, "auto", 8, 8, cost_cluster=slow, options={"stanza": True}))
+    assert plan.strategy == "stanza" and plan.section.fc_ranks == [7]
     assert all(v.reason.startswith("auto chose stanza (predicted ") and "ms per batch with 1 FC node(s)" in v.reason
                for v in plan.variables)
     assert "step of 7 batches" in plan.variables[0].reason and "step of 8 batches" in plan.variables[0].reason
     # by default auto keeps the batch: it stays data parallel and says what it left out
-    plan = make_plan(captured, "auto", 8, 8, cost_cluster=slow)
-    assert plan.strategy == "auto" and plan.split is None
+    plan = make_plan(PlanRequest(captured, "auto", 8, 8, cost_cluster=slow))
+    assert plan.strategy == "auto" and plan.section is None
     assert all("would train on 7 batches instead of 8 (--auto_stanza allows it)" in v.reason
                for v in plan.trained)
-    two = make_plan(captured, "auto", 2, 2, cost_cluster=costmodel.Cluster(2, bandwidth_bytes_per_s=10e6 / 8),
-                    options={"stanza": True})
-    assert two.strategy == "stanza" and two.split.conv_ranks == [0] and two.split.fc_ranks == [1]
+    two = make_plan(PlanRequest(captured, "auto", 2, 2, cost_cluster=costmodel.Cluster(2, bandwidth_bytes_per_s=10e6 / 8),
+                    options={"stanza": True}))
+    assert two.strategy == "stanza" and two.section.conv_ranks == [0] and two.section.fc_ranks == [1]
     # a head too small to matter on fast links: data parallel stays
     fast = costmodel.Cluster(8, bandwidth_bytes_per_s=100e9 / 8)
-    assert make_plan(captured, "auto", 8, 8, cost_cluster=fast).strategy == "auto"
+    assert make_plan(PlanRequest(captured, "auto", 8, 8, cost_cluster=fast)).strategy == "auto"
 
 
 def test_checkpoint_has_single_device_names_and_resume_continues():

@@ -165,7 +165,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     allreduce) and of `dense_model` (two allreduce, and two more at the sizes `small_dense`
     gives when it is not empty), each made `repeats` times: one equation per rank of each run.
     With `measured` (an earlier calibration's runs) their figures are fitted again instead."""
-    from parallax_tf.planner import make_plan
+    from parallax_tf.planner import PlanRequest, make_plan
     from tools.shared import capture_model
     if not 1 < few_hosts < hosts:
         raise SystemExit(f"tools.calibrate: --cal_few_hosts={few_hosts} must be above 1 and below "
@@ -184,7 +184,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
 
     def run(name: str, strategy: str, on_hosts: int, shards: int = 1, of: str = model) -> None:
         loads = costmodel.loads_from(captured[of])
-        plan = make_plan(captured[of], strategy, on_hosts, on_hosts, partitions=shards)
+        plan = make_plan(PlanRequest(captured[of], strategy, on_hosts, on_hosts, partitions=shards))
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
         terms = costmodel.host_cpu_terms(loads, choices, costmodel.Cluster(on_hosts))
         if measured is not None:

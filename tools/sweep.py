@@ -46,17 +46,17 @@ def _captured(model: str):
 
 def predictions(model: str, hosts: int, link: str) -> dict:
     """Predicted step seconds of auto, hybrid and horovod on this cell, from a plan made here."""
-    from parallax_tf.planner import make_plan
+    from parallax_tf.planner import PlanRequest, make_plan
     captured = _captured(model)
     cluster = costmodel.Cluster.calibrated(hosts, 1, costmodel.parse_rate(link), 0.0, cores=os.cpu_count(),
                                            calibration=calibration.load(FLAGS.calibration))
     loads, compute = costmodel.loads_from(captured), captured.compute_s or 0.0
     out = {}
     for strategy in PREDICTED:
-        plan = make_plan(captured, {"horovod": "allreduce"}.get(strategy, strategy), hosts, hosts,
+        plan = make_plan(PlanRequest(captured, {"horovod": "allreduce"}.get(strategy, strategy), hosts, hosts,
                          cost_cluster=cluster, options={"stanza": True} if strategy == "auto" and model in HEADED
-                         else None)
-        if plan.split is not None:          # auto chose stanza
+                         else None))
+        if plan.section is not None:          # auto chose stanza
             fc, got = stanza_cost.choose_fc_nodes(loads, stanza_cost.layer_split_load(captured), cluster, compute)
         else:
             choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}

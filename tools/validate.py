@@ -13,7 +13,7 @@ from absl import app, flags
 from parallax_tf import calibration, costmodel
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--steps, --seed, ...)
 from parallax_tf.costmodel import Choice
-from parallax_tf.planner import make_plan
+from parallax_tf.planner import PlanRequest, make_plan
 from tools import bench
 from tools.shared import capture_model
 
@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 
 
 def plan_choices(captured, strategy: str, hosts: int, cluster) -> dict:
-    plan = make_plan(captured, strategy, hosts, hosts, cost_cluster=cluster)
+    plan = make_plan(PlanRequest(captured, strategy, hosts, hosts, cost_cluster=cluster))
     return {v.name: Choice(v.route, max(1, v.partitions)) for v in plan.variables}
 
 

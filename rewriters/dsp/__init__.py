@@ -13,6 +13,7 @@ from parallax_tf import strategy
 from parallax_tf.errors import ConfigError
 from rewriters.dsp import plan
 from rewriters.dsp.measure import PipelineMeasure
+from rewriters.dsp.pipeline import Pipeline
 from rewriters.dsp.rewrite import rewrite
 
 
@@ -35,6 +36,7 @@ class DSP(strategy.Strategy):
     name = "dsp"
     Options = DSPOptions
     measures = (PipelineMeasure(),)
+    Section = Pipeline
 
     def check(self, options):
         if options.stages is not None and options.stages < 1:

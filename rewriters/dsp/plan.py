@@ -6,8 +6,8 @@ from typing import List, Optional
 
 from parallax_tf import strategy
 from parallax_tf.errors import ConfigError
-from parallax_tf.plan import ROUTE_STAGE, Pipeline, Stage
 from rewriters.dsp.cut import balanced, check_named, stage_costs
+from rewriters.dsp.pipeline import ROUTE_STAGE, Pipeline, Stage
 
 
 def decide(request) -> strategy.Decisions:
@@ -20,7 +20,7 @@ def decide(request) -> strategy.Decisions:
         stage = pipeline.stages[stage_of.get(info.name, 0)]
         routes[info.name] = _stage_route(info, stage_of, pipeline)
         params[info.name] = {"stage": stage.index, "ranks": stage.ranks}
-    return strategy.Decisions(routes, params=params, pipeline=pipeline)
+    return strategy.Decisions(routes, params=params, section=pipeline)
 
 
 def _stage_route(info, stage_of: dict, pipeline: Pipeline):

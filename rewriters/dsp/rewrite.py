@@ -27,10 +27,11 @@ import tensorflow as tf
 
 from parallax_tf import ops as compiled
 from parallax_tf.errors import ModelError
-from parallax_tf.plan import ROUTE_LOCAL, ROUTE_STAGE
+from parallax_tf.plan import ROUTE_LOCAL
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.dsp.cut import INPUT_OPS
+from rewriters.dsp.pipeline import ROUTE_STAGE
 from rewriters.dsp.runner import PipelineRunner
 from rewriters.shared import exchange, graph_copy
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
@@ -58,7 +59,7 @@ class StageGraph:
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
     plan, topo = request.plan, request.topology
-    pipe = plan.pipeline
+    pipe = plan.section
     if pipe is None:
         raise ValueError("the dsp rewriter needs a plan with a pipeline (planner strategy 'dsp')")
     other = sorted({v.route for v in plan.variables} - {ROUTE_STAGE, ROUTE_LOCAL})
@@ -110,13 +111,13 @@ class _Stage:
         self.cut, self.end, self.raw, self.carried, self.parts = cut, end, raw, carried, parts
         self.topo = request.topology
         self.first, self.last = k == 0, k == count - 1
-        self.locked = request.plan.pipeline.schedule == "locked"
+        self.locked = request.plan.section.schedule == "locked"
 
     def _queue(self, stage: int, kind: str, like: list):
         """The queue on `stage`'s rank (of this pipeline) that its `kind` messages wait in; a
         message holds a value like each of `like` (a tensor, or a dtype for a scalar). Both
         neighbours build it alike, so TF's runtime finds one queue by its shared name."""
-        pipe = self.request.plan.pipeline
+        pipe = self.request.plan.section
         rank = pipe.pipeline_of(self.topo.rank) * self.count + stage
         dtypes = [x.dtype if isinstance(x, tf.Tensor) else x for x in like]
         with tf.device(f"/job:worker/task:{rank}"):
@@ -127,12 +128,12 @@ class _Stage:
     def _activation_queue(self, stage: int):
         """Into `stage`: batch id, the activation, then the raw inputs it and later stages read."""
         carried = self.carried[stage]
-        cut = self.rebuilt.loss.graph.get_tensor_by_name(self.request.plan.pipeline.stages[stage].input)
+        cut = self.rebuilt.loss.graph.get_tensor_by_name(self.request.plan.section.stages[stage].input)
         return self._queue(stage, "activation", [tf.int64, cut] + carried)
 
     def _gradient_queue(self, stage: int):
         """Into `stage` from the one above: batch id, the batch's loss, the gradient of the activation."""
-        cut = self.rebuilt.loss.graph.get_tensor_by_name(self.request.plan.pipeline.stages[stage + 1].input)
+        cut = self.rebuilt.loss.graph.get_tensor_by_name(self.request.plan.section.stages[stage + 1].input)
         return self._queue(stage, "gradient", [tf.int64, tf.float64, cut])
 
     def build(self, scale: float):
@@ -205,7 +206,7 @@ class _Stage:
             backward["rows"] = tf.shape(activation)[0]
         stored_batches = compiled.stash_batches(stash) if forward is not None else tf.zeros([0], tf.int64)
         backward["bytes"] = tf.add_n(moved) if moved else tf.constant(0, tf.int64)
-        pipe = self.request.plan.pipeline
+        pipe = self.request.plan.section
         return (StageGraph(self.k, self.count, pipe.pipeline_of(self.topo.rank), pipe.replicas, self.locked, forward,
                            backward, forward_batch, backward_batch, stored_batches),
                 grads, {"activations": backward["bytes"]})
@@ -233,7 +234,7 @@ def _average_over_replicas(rebuilt, plan, topo, grads: Dict[str, object]):
     the other stages' ranks send nothing (rewriters/shared/exchange.py: why no process sets): dense
     gradients summed among the replicas by reduce-scatter + allgather, sparse ones allgathered."""
     import horovod.tensorflow as hvd
-    pipe = plan.pipeline
+    pipe = plan.section
     mine = pipe.stage_of(topo.rank)
     sparse = {v.name for v in plan.variables if v.gradient == "sparse"}
     averaged, joins, sent = {}, {}, [tf.constant(0, tf.int64)]

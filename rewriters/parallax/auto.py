@@ -36,9 +36,7 @@ class Auto(strategy.Strategy):
                                          request.cost_cluster, request.capture.compute_s or 0.0).step_s
         offer = strategy.get(self.ALTERNATIVE).offer(request, per_variable)
         if offer is not None and request.options.stanza:     # the cost model prefers the alternative
-            plan = planner.make_plan(request.capture, self.ALTERNATIVE, request.num_ranks, request.num_hosts,
-                                     request.partitions, request.local_aggregation, request.cost_cluster,
-                                     offer.options, request.all_options)
+            plan = planner.make_plan(dataclasses.replace(request, strategy=self.ALTERNATIVE, options=offer.options))
             for entry in plan.variables:
                 entry.reason = f"auto chose {self.ALTERNATIVE} ({offer.why}; one batch per conv node): {entry.reason}"
             return strategy.Decisions({}, plan=plan)

@@ -3,8 +3,8 @@ replicas; per round only the significant + explored coordinates synchronised thr
 route.py), sparse variables on Parallax's PS route."""
 import math
 
-from parallax_tf import strategy
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, ROUTE_SIGNIFICANT, Shard
+from parallax_tf import routes, strategy
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS, Shard
 from rewriters.shared.rules import by_gradient
 from rewriters.shared.sync import assemble
 from rewriters.slim_dp.options import SlimOptions
@@ -13,6 +13,28 @@ from rewriters.slim_dp.route import SignificantRoute
 # A variable with at least this many elements has its global copy split over every server: each
 # host's link then carries 1/H of the round's traffic, not all of it on one.
 SPLIT_ELEMENTS = 1 << 16
+
+
+class Significant(routes.Route):
+    name = "significant"
+    summary = ("Slim-DP: a global copy on the PS (flat, split into shards of elements), a local replica on every "
+               "rank; each round only the significant + explored coordinates are pushed, averaged, applied, pulled")
+
+    def place(self, entry, info, request, server_load):
+        split_elements(entry, info, request.num_hosts, server_load)
+
+    def bytes_per_step(self, entry, info, num_ranks, request):
+        if num_ranks <= 1:
+            return super().bytes_per_step(entry, info, num_ranks, request)
+        options = request.options
+        chosen = options.core + options.explore          # push + pull the selected values per round
+        return int(2 * chosen * info.bytes / max(1, options.period))
+
+    def shards_cell(self, entry):
+        return str(entry.partitions)
+
+
+ROUTE_SIGNIFICANT = routes.register(Significant()).name
 
 
 class SlimDP(strategy.Strategy):
@@ -29,16 +51,6 @@ class SlimDP(strategy.Strategy):
                 "dense gradient, strategy slim_dp: a local replica per rank; each round only the significant "
                 "+ explored coordinates are synchronised on the PS")) if info.gradient == "dense" else by_gradient(info)
         return strategy.Decisions(routes)
-
-    def place(self, entry, info, request, server_load):
-        if entry.route == ROUTE_SIGNIFICANT:
-            split_elements(entry, info, request.num_hosts, server_load)
-
-    def bytes_per_step(self, entry, info, num_ranks, options):
-        if entry.route != ROUTE_SIGNIFICANT or num_ranks <= 1:
-            return None
-        chosen = options.core + options.explore          # push + pull the selected values per round
-        return int(2 * chosen * info.bytes / max(1, options.period))
 
     def rewrite(self, request):
         return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), self.name, {ROUTE_SIGNIFICANT: SignificantRoute})

@@ -12,6 +12,7 @@ from parallax_tf import strategy
 from rewriters.stanza import cost, plan
 from rewriters.stanza.measure import HeadMeasure
 from rewriters.stanza.rewrite import rewrite
+from rewriters.stanza.split import LayerSplit
 
 
 @dataclasses.dataclass
@@ -31,6 +32,7 @@ class Stanza(strategy.Strategy):
     time_compute = True             # whether to stagger sends: the batch's size, timed with the head
     measures = (HeadMeasure(),)
     batch_joined = True             # the FC node's loss is over its conv nodes' batches
+    Section = LayerSplit
 
     def decide(self, request):
         return plan.decide(request)

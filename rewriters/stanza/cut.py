@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
-from parallax_tf.plan import CutTensor
+from rewriters.stanza.split import CutTensor
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 HEAD_KINDS = {"fully_connected", "bias", "norm", "other"}

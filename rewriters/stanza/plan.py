@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from parallax_tf import strategy
 from parallax_tf.errors import ConfigError, ModelError
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_FC_NODE, LayerSplit, human_bytes
+from parallax_tf.plan import ROUTE_ALLREDUCE, human_bytes
 from rewriters.stanza import cost as stanza_cost
 from rewriters.stanza.measure import found_head
+from rewriters.stanza.split import ROUTE_FC_NODE, LayerSplit
 
 
 def decide(request) -> strategy.Decisions:
@@ -30,7 +31,7 @@ def decide(request) -> strategy.Decisions:
         params[info.name] = {"ranks": split.conv_ranks}
     state = {s.name: (split.fc_ranks, "updated on the FC nodes") if s.name in head.state
              else (split.conv_ranks, "updated on the conv nodes") for s in capture.state}
-    return strategy.Decisions(routes, params=params, state=state, split=split)
+    return strategy.Decisions(routes, params=params, state=state, section=split)
 
 
 def layer_split(capture, num_ranks: int, fc_nodes: int = 1, microbatches: int = 1, sends: str = "auto",

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
-from parallax_tf.plan import ROUTE_FC_NODE, ROUTE_LOCAL
+from parallax_tf.plan import ROUTE_LOCAL
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.runtime.runner import SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
@@ -40,11 +40,12 @@ from rewriters.shared.rebuild import advancing_global_step, ancestors, gradients
 from rewriters.shared.step_report import StepReport, tensor_bytes
 from rewriters.stanza.cut import ACTIVATION, DATA, INPUT_OPS, REPLICATED
 from rewriters.stanza.runner import SplitRunner, data_shard
+from rewriters.stanza.split import ROUTE_FC_NODE
 
 
 def rewrite(request: BuildRequest) -> DistributedGraph:
     plan, topo = request.plan, request.topology
-    split = plan.split
+    split = plan.section
     if split is None:
         raise ValueError("the stanza rewriter needs a plan with a layer split (planner strategy 'stanza')")
     other = sorted({v.route for v in plan.variables} - {ROUTE_FC_NODE, ROUTE_LOCAL, "allreduce"})

@@ -36,7 +36,7 @@ def main():
     import horovod.tensorflow as hvd
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
-    from parallax_tf.planner import make_plan
+    from parallax_tf.planner import PlanRequest, make_plan
     from parallax_tf.runtime import cluster as cluster_lib
     from parallax_tf import strategy
     from parallax_tf.runtime.topology import Topology
@@ -46,7 +46,7 @@ def main():
     servers = [tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=i, start=True)
                for job in ("worker", "ps") for i in range(2)]
     ctx = RunContext(1, 2, 0, 1, 0)
-    plan = make_plan(capture(model_fn, input_fn, ctx, 1), "hybrid", 2, 2, partitions=2)
+    plan = make_plan(PlanRequest(capture(model_fn, input_fn, ctx, 1), "hybrid", 2, 2, partitions=2))
     topo = Topology(rank=1, size=2, local_rank=0, local_size=1, host=1, ranks_per_host=[1, 1])
     graph = tf.Graph()
     with graph.as_default(), tf.device(topo.worker_device):

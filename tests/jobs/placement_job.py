@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 from parallax_tf import strategy  # noqa: E402
 from parallax_tf.inspect_graph import capture  # noqa: E402
 from parallax_tf.model import RunContext  # noqa: E402
-from parallax_tf.planner import make_plan, measurements  # noqa: E402
+from parallax_tf.planner import PlanRequest, make_plan, measurements  # noqa: E402
 from parallax_tf.runtime import placement  # noqa: E402
 from parallax_tf.runtime.topology import Topology  # noqa: E402
 from tests import cases  # noqa: E402
@@ -34,7 +34,7 @@ def build(name: str, device_type: str, only_rank=None) -> dict:
     _, model, optimizer, _ = cases.CASE_BY_NAME[case]
     model_fn, input_fn = cases.build(model, optimizer), cases.input_fn_for(model)
     captured = capture(model_fn, input_fn, RunContext(0, RANKS, 0, PER_HOST, 0), 0, **measurements(name))
-    plan = make_plan(captured, name, RANKS, HOSTS, options=options)
+    plan = make_plan(PlanRequest(captured, name, RANKS, HOSTS, options=options))
     ranks = []
     for rank in range(RANKS) if only_rank is None else [only_rank]:
         topo = Topology(rank=rank, size=RANKS, local_rank=rank % PER_HOST, local_size=PER_HOST, host=rank // PER_HOST,
