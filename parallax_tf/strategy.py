@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from parallax_tf import plan as plan_lib
 from parallax_tf.errors import ConfigError
+
+if TYPE_CHECKING:         # types only: importing these here would make cycles
+    import tensorflow as tf
+
+    from parallax_tf.costmodel import Cluster
+    from parallax_tf.inspect_graph import Capture
+    from parallax_tf.model import RunContext
+    from parallax_tf.plan import Plan
+    from parallax_tf.runtime.barriers import CollectiveBarrier
+    from parallax_tf.runtime.runner import Runner
+    from parallax_tf.runtime.topology import Topology
 
 
 # ---- options ----------------------------------------------------------------------------------
@@ -62,15 +73,15 @@ def define_flags(options_type) -> None:
 class PlanRequest:
     """What the planner and a planning rule get: the inspected model, the strategy, the cluster,
     and the options."""
-    capture: object                       # inspect_graph.Capture
+    capture: Capture
     strategy: str                         # --strategy
     num_ranks: int
     num_hosts: int
     partitions: Optional[int] = None      # --partitions: forced shard count of sparse PS variables
     local_aggregation: bool = True
-    cost_cluster: object = None           # costmodel.Cluster the cost model plans for
-    options: object = None                # this strategy's options dataclass (a dict of its fields: over the defaults)
-    all_options: Dict[str, object] = dataclasses.field(default_factory=dict)   # strategy -> its options
+    cost_cluster: Optional[Cluster] = None    # what the cost model plans for
+    options: Any = None                   # this strategy's options dataclass (a dict of its fields: over the defaults)
+    all_options: Dict[str, Any] = dataclasses.field(default_factory=dict)   # strategy -> its options
 
     def __post_init__(self):
         self.all_options = dict(self.all_options or {})
@@ -88,6 +99,16 @@ class PlanRequest:
         return costmodel.loads_from(self.capture)
 
 
+class PlanSection(Protocol):
+    """A strategy's own plan data (Strategy.Section): printed below the plan's table, carried in
+    its JSON (dataclasses.asdict there, from_dict back)."""
+
+    def lines(self) -> List[str]: ...
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "PlanSection": ...
+
+
 @dataclasses.dataclass
 class Decisions:
     """A planning rule's answer; the planner turns it into the Plan's entries."""
@@ -96,14 +117,14 @@ class Decisions:
     partitions: Optional[Dict[str, Tuple[int, str]]] = None   # shard counts chosen (None: the planner's)
     state: Dict[str, Tuple[list, str]] = dataclasses.field(default_factory=dict)  # state -> (ranks, where)
     ranks_meet: bool = True        # False: ranks never step together, so no state is averaged over them
-    section: object = None         # the strategy's own plan data (an instance of its Strategy.Section)
-    plan: object = None            # a whole plan made by another strategy's rule instead
+    section: Optional[PlanSection] = None    # the strategy's own plan data (its Strategy.Section)
+    plan: Optional[Plan] = None            # a whole plan made by another strategy's rule instead
 
 
 @dataclasses.dataclass
 class Offer:
     """A strategy's whole plan as an alternative another rule (auto) may weigh."""
-    options: object        # the offering strategy's options for that plan
+    options: Any           # the offering strategy's options for that plan
     why: str               # its prediction against the data-parallel step, for the plan's reasons
     batches: int           # batches one of its steps trains (data parallelism: one per rank)
 
@@ -114,7 +135,7 @@ class Strategy:
     name: str = ""
     Options: type = NoOptions
     time_compute: bool = False      # inspection times a step (the cost model's compute term)
-    measures: Tuple[object, ...] = ()   # inspect_graph.Measure objects: what else inspection finds
+    measures: Tuple[Any, ...] = ()   # inspect_graph.Measure objects: what else inspection finds
     # its step computes the loss once over the data ranks' batches joined: model_fn's ctx says so
     # (RunContext.batch_joined), from inspection on
     batch_joined: bool = False
@@ -181,9 +202,9 @@ def parse_options(values: Dict[str, object]) -> Dict[str, object]:
 class BuildRequest:
     """Everything a rewriter gets: the user's model_fn and the decisions already taken."""
     model_fn: Callable
-    ctx: object            # model.RunContext
-    plan: object           # plan.Plan
-    topology: object       # runtime.topology.Topology
+    ctx: RunContext
+    plan: Plan
+    topology: Topology
     seed: int
     shard_input: bool = True   # --shard_input: tf.data built in model_fn is sharded by ctx (rank, size)
 
@@ -192,16 +213,16 @@ class BuildRequest:
 class DistributedGraph:
     """What a rewriter built on one rank, as the runtime uses it: what to initialise, where the
     state is (for checkpoints and results), and the runner that trains it."""
-    graph: object                               # tf.Graph
-    loss: object                                # this rank's loss tensor
+    graph: tf.Graph
+    loss: tf.Tensor                             # this rank's loss
     train_op: list                              # the step's targets
-    global_step: object                         # read of the one global step
+    global_step: tf.Tensor                      # read of the one global step
     parts: Dict[str, list]                      # logical name -> its pieces (values.Part) in this graph
     chief_init: list                            # run once by rank 0: PS state, slots, step
-    local_init: object                          # run by every rank: local replicas' state
-    broadcast: object                           # dense replicas from rank 0 to all (None: nothing)
-    barrier: object                             # runtime.barriers: the run's rendezvous points
-    runner: object                              # runtime.runner.Runner: trains this graph
+    local_init: tf.Operation                    # run by every rank: local replicas' state
+    broadcast: Optional[tf.Operation]           # dense replicas from rank 0 to all (None: nothing)
+    barrier: CollectiveBarrier                  # the run's rendezvous points
+    runner: Runner                              # trains this graph
     # (optimizer, variables it updates in this graph): where slots and non-slot state live
     optimizers: List[tuple] = dataclasses.field(default_factory=list)
     working_copies: set = dataclasses.field(default_factory=set)   # variable names that are not state
