@@ -1,5 +1,6 @@
-"""The toolkit's absl flags (each strategy's own are its options dataclass's, parallax_tf.strategy),
-parsed in one place; keyword arguments of run() override."""
+"""The toolkit's options: the core's declared here as the strategies' are (dataclasses whose
+fields name their absl flags, parallax_tf.strategy.option), grouped by concern; every flag parsed
+in one place (resolve); keyword arguments of run() override."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,107 +15,157 @@ from parallax_tf import strategy as strategy_lib
 from parallax_tf import devices
 from parallax_tf import threads as pool_threads
 from parallax_tf.errors import ConfigError
+from parallax_tf.strategy import option
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("np", None, "Ranks to launch when not under horovodrun/mpirun (on this machine, or on "
-                     "--host_slots).")
-flags.DEFINE_string("host_slots", None, "With --np: the hosts to start the ranks on and their slots, h1:4,h2:4 "
-                    "(as horovodrun -H); other hosts are reached through ssh. Default: this machine.")
-flags.DEFINE_integer("ssh_port", None, "ssh port of the --host_slots hosts (default: ssh's).")
-flags.DEFINE_string("ssh_identity_file", None, "ssh key for the --host_slots hosts (default: ssh's).")
-flags.DEFINE_integer("steps", 100, "Training steps.")
-flags.DEFINE_integer("log_every", 10, "Progress line every this many steps (rank 0); 0 turns it off.")
-flags.DEFINE_bool("plan_only", False, "Print the plan and return without training.")
-flags.DEFINE_bool("shard_input", True, "A tf.data pipeline built inside model_fn is read by each data rank in "
-                  "turn (rank r of N takes batches r, r+N, ...: the job's global batch is the single-device "
-                  "script's next N batches); --noshard_input: every rank reads the whole pipeline.")
-flags.DEFINE_integer("partitions", None, "Shards for every sparse PS variable (default: the count with the "
-                     "shortest step the cost model predicts).")
-flags.DEFINE_string("calibration", None, "The cost model's machine constants, written by python -m tools.calibrate "
-                    "(default: $PARALLAX_CALIBRATION, else ~/.cache/parallax_tf/calibration.json; built-in "
-                    "defaults when there is no file).")
-flags.DEFINE_bool("local_aggregation", True, "Sum sparse gradients of a host's ranks before sending.")
-flags.DEFINE_integer("port", None, "First port to try for the TF servers (default: any free port).")
-flags.DEFINE_string("bind_address", None, "Address the TF servers bind to (default: loopback when "
-                    "all ranks are on one host, else the host's address).")
-flags.DEFINE_integer("timeout_s", 120, "Longest any cross-rank wait may take before the run fails.")
-flags.DEFINE_integer("seed", 0, "Graph-level random seed, the same on every rank.")
-flags.DEFINE_string("ckpt_dir", None, "Write checkpoints here and resume from the latest one.")
-flags.DEFINE_integer("ckpt_every", 0, "Checkpoint every this many steps (0: only by time/at the end).")
-flags.DEFINE_float("ckpt_secs", 0, "Checkpoint at most this many seconds apart (0: off).")
-flags.DEFINE_integer("ckpt_keep", 3, "Checkpoints kept; older ones are deleted.")
-flags.DEFINE_integer("commit_every", 0, "Under parallax_tf's launcher: every this many steps, rank 0 also keeps the "
-                     "state a restart needs in memory (its host's /dev/shm, kept by the launcher across restarts), "
-                     "so a restart resumes from there unless rank 0's host was lost (0: off).")
-flags.DEFINE_integer("max_restarts", None, "Under --np: when a rank dies, stop every rank and start the job again from "
-                     "the latest checkpoint, up to this many times (default: 3 with --ckpt_dir, else 0).")
-flags.DEFINE_integer("min_np", None, "A restart may go on with fewer ranks, down to this many, when a host the "
-                     "--host_discovery_script no longer lists is left out (default: as many as the job started with).")
-flags.DEFINE_string("host_discovery_script", None, "Command printing the hosts a restart may use, one host:slots a "
-                    "line (as horovodrun --host-discovery-script); without it a restart uses the same hosts.")
-flags.DEFINE_string("logdir", None, "TensorBoard event files (loss, throughput, bytes per route).")
-# Not `--timeline`: horovodrun's argparse takes any prefix of its own --timeline-filename from
-# the script's arguments too, so that name cannot reach the ranks.
-flags.DEFINE_string("timeline_file", None, "Chrome trace of the --timeline_steps steps (PATH) plus "
-                    "Horovod's timeline (PATH.horovod.json).")
-flags.DEFINE_list("timeline_steps", ["3", "4"], "Steps (0-based) traced by --timeline_file.")
-flags.DEFINE_string("link_bandwidth", None, "Per-host link rate the cost model plans for (e.g. 10gbit; "
-                    "default: $PARALLAX_LINK_BANDWIDTH, else 10gbit).")
-flags.DEFINE_integer("profile_threads_from", -1, "From this step on, count this process's CPU per thread name "
-                     "(TF's pools, gRPC's, Horovod's, the Python thread): Result.extras['thread_cpu_s_per_step'].")
-flags.DEFINE_string("threads", "auto", "Threads in each of TensorFlow's pools (inter- and intra-op) per rank: auto "
-                    "(the cores its cgroup quota or CPU affinity allows, shared by the ranks of its host), tf "
-                    "(TensorFlow's own sizing: every core of the machine), or a number.")
-flags.DEFINE_integer("gpus_per_rank", None, "GPUs each rank computes on: 1 (the default where TensorFlow lists "
-                     "GPUs; rank r of a host uses its GPU r) or 0 (the CPU). README: ranks and GPUs.")
-flags.DEFINE_float("gpu_memory_fraction", None, "Cap on the GPU memory each rank takes (default: as it needs).")
-flags.DEFINE_bool("share_gpus", False, "Let more ranks than GPUs on a host share them (rank r on GPU r mod G, "
-                  "each with 1/k of its memory).")
-flags.DEFINE_bool("verbose", False, "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
-flags.DEFINE_string("link_delay", None, "One-way per-link delay the cost model plans for (default: "
-                    "$PARALLAX_LINK_DELAY, else 0.05ms).")
-flags.DEFINE_integer("host_cores", None, "Cores per host the cost model plans for (default: $PARALLAX_CORES, else "
-                     "the calibration's).")
 
 
 @dataclasses.dataclass
-class Options:
-    strategy: str
-    np: Optional[int]
-    host_slots: Optional[str]
-    ssh_port: Optional[int]
-    ssh_identity_file: Optional[str]
-    steps: int
-    log_every: int
-    plan_only: bool
-    partitions: Optional[int]
-    shard_input: bool
-    calibration: Optional[str]
-    profile_threads_from: int
-    local_aggregation: bool
-    port: Optional[int]
-    bind_address: Optional[str]
-    timeout_s: int
-    seed: int
-    ckpt_dir: Optional[str]
-    ckpt_every: int
-    ckpt_secs: float
-    ckpt_keep: int
-    max_restarts: Optional[int]
-    min_np: Optional[int]
-    host_discovery_script: Optional[str]
-    commit_every: int
-    logdir: Optional[str]
-    timeline_file: Optional[str]
-    timeline_steps: list
-    link_bandwidth: Optional[str]
-    link_delay: Optional[str]
-    threads: str
-    verbose: bool
-    host_cores: Optional[int]
-    gpus_per_rank: Optional[int]
-    gpu_memory_fraction: Optional[float]
-    share_gpus: bool
+class LaunchOptions:
+    """Where the ranks start (--np) and how a lost one is replaced."""
+    np: Optional[int] = option(
+        None, "np",
+        "Ranks to launch when not under horovodrun/mpirun (on this machine, or on --host_slots).", kind="int")
+    host_slots: Optional[str] = option(
+        None, "host_slots",
+        "With --np: the hosts to start the ranks on and their slots, h1:4,h2:4 (as horovodrun -H); other "
+        "hosts are reached through ssh. Default: this machine.")
+    ssh_port: Optional[int] = option(
+        None, "ssh_port",
+        "ssh port of the --host_slots hosts (default: ssh's).", kind="int")
+    ssh_identity_file: Optional[str] = option(
+        None, "ssh_identity_file",
+        "ssh key for the --host_slots hosts (default: ssh's).")
+    max_restarts: Optional[int] = option(
+        None, "max_restarts",
+        "Under --np: when a rank dies, stop every rank and start the job again from the latest checkpoint, up"
+        " to this many times (default: 3 with --ckpt_dir, else 0).", kind="int")
+    min_np: Optional[int] = option(
+        None, "min_np",
+        "A restart may go on with fewer ranks, down to this many, when a host the --host_discovery_script no "
+        "longer lists is left out (default: as many as the job started with).", kind="int")
+    host_discovery_script: Optional[str] = option(
+        None, "host_discovery_script",
+        "Command printing the hosts a restart may use, one host:slots a line (as horovodrun "
+        "--host-discovery-script); without it a restart uses the same hosts.")
+    commit_every: int = option(
+        0, "commit_every",
+        "Under parallax_tf's launcher: every this many steps, rank 0 also keeps the state a restart needs in "
+        "memory (its host's /dev/shm, kept by the launcher across restarts), so a restart resumes from there "
+        "unless rank 0's host was lost (0: off).")
+
+
+@dataclasses.dataclass
+class TrainingOptions:
+    """The run itself."""
+    steps: int = option(100, "steps", "Training steps.")
+    log_every: int = option(10, "log_every", "Progress line every this many steps (rank 0); 0 turns it off.")
+    plan_only: bool = option(False, "plan_only", "Print the plan and return without training.")
+    shard_input: bool = option(
+        True, "shard_input",
+        "A tf.data pipeline built inside model_fn is read by each data rank in turn (rank r of N takes "
+        "batches r, r+N, ...: the job's global batch is the single-device script's next N batches); "
+        "--noshard_input: every rank reads the whole pipeline.")
+    seed: int = option(0, "seed", "Graph-level random seed, the same on every rank.")
+    timeout_s: int = option(120, "timeout_s", "Longest any cross-rank wait may take before the run fails.")
+
+
+@dataclasses.dataclass
+class PlanningOptions:
+    """What the planner and its cost model assume."""
+    partitions: Optional[int] = option(
+        None, "partitions",
+        "Shards for every sparse PS variable (default: the count with the shortest step the cost model "
+        "predicts).", kind="int")
+    local_aggregation: bool = option(
+        True, "local_aggregation",
+        "Sum sparse gradients of a host's ranks before sending.")
+    calibration: Optional[str] = option(
+        None, "calibration",
+        "The cost model's machine constants, written by python -m tools.calibrate (default: "
+        "$PARALLAX_CALIBRATION, else ~/.cache/parallax_tf/calibration.json; built-in defaults when there is "
+        "no file).")
+    link_bandwidth: Optional[str] = option(
+        None, "link_bandwidth",
+        "Per-host link rate the cost model plans for (e.g. 10gbit; default: $PARALLAX_LINK_BANDWIDTH, else "
+        "10gbit).")
+    link_delay: Optional[str] = option(
+        None, "link_delay",
+        "One-way per-link delay the cost model plans for (default: $PARALLAX_LINK_DELAY, else 0.05ms).")
+    host_cores: Optional[int] = option(
+        None, "host_cores",
+        "Cores per host the cost model plans for (default: $PARALLAX_CORES, else the calibration's).", kind="int")
+
+
+@dataclasses.dataclass
+class ProcessOptions:
+    """Each rank's servers, thread pools and logs."""
+    port: Optional[int] = option(
+        None, "port",
+        "First port to try for the TF servers (default: any free port).", kind="int")
+    bind_address: Optional[str] = option(
+        None, "bind_address",
+        "Address the TF servers bind to (default: loopback when all ranks are on one host, else the host's "
+        "address).")
+    threads: str = option(
+        'auto', "threads",
+        "Threads in each of TensorFlow's pools (inter- and intra-op) per rank: auto (the cores its cgroup "
+        "quota or CPU affinity allows, shared by the ranks of its host), tf (TensorFlow's own sizing: every "
+        "core of the machine), or a number.")
+    verbose: bool = option(
+        False, "verbose",
+        "Show TensorFlow's and Horovod's own logs and each rank's server addresses.")
+
+
+@dataclasses.dataclass
+class CheckpointOptions:
+    """Checkpoints."""
+    ckpt_dir: Optional[str] = option(None, "ckpt_dir", "Write checkpoints here and resume from the latest one.")
+    ckpt_every: int = option(0, "ckpt_every", "Checkpoint every this many steps (0: only by time/at the end).")
+    ckpt_secs: float = option(0, "ckpt_secs", "Checkpoint at most this many seconds apart (0: off).", kind="float")
+    ckpt_keep: int = option(3, "ckpt_keep", "Checkpoints kept; older ones are deleted.")
+
+
+@dataclasses.dataclass
+class ObservationOptions:
+    """What a run records beyond its progress line."""
+    logdir: Optional[str] = option(None, "logdir", "TensorBoard event files (loss, throughput, bytes per route).")
+    # Not `--timeline`: horovodrun's argparse takes any prefix of its own --timeline-filename from
+    # the script's arguments too, so that name cannot reach the ranks.
+    timeline_file: Optional[str] = option(
+        None, "timeline_file",
+        "Chrome trace of the --timeline_steps steps (PATH) plus Horovod's timeline (PATH.horovod.json).")
+    timeline_steps: list = option(['3', '4'], "timeline_steps", "Steps (0-based) traced by --timeline_file.")
+    profile_threads_from: int = option(
+        -1, "profile_threads_from",
+        "From this step on, count this process's CPU per thread name (TF's pools, gRPC's, Horovod's, the "
+        "Python thread): Result.extras['thread_cpu_s_per_step'].")
+
+
+@dataclasses.dataclass
+class DeviceOptions:
+    """GPUs."""
+    gpus_per_rank: Optional[int] = option(
+        None, "gpus_per_rank",
+        "GPUs each rank computes on: 1 (the default where TensorFlow lists GPUs; rank r of a host uses its "
+        "GPU r) or 0 (the CPU). README: ranks and GPUs.", kind="int")
+    gpu_memory_fraction: Optional[float] = option(
+        None, "gpu_memory_fraction",
+        "Cap on the GPU memory each rank takes (default: as it needs).", kind="float")
+    share_gpus: bool = option(
+        False, "share_gpus",
+        "Let more ranks than GPUs on a host share them (rank r on GPU r mod G, each with 1/k of its memory).")
+
+    @property
+    def device_request(self) -> devices.DeviceRequest:
+        return devices.DeviceRequest(self.gpus_per_rank, self.gpu_memory_fraction, self.share_gpus)
+
+
+@dataclasses.dataclass
+class Options(DeviceOptions, ObservationOptions, CheckpointOptions, ProcessOptions, PlanningOptions,
+              TrainingOptions, LaunchOptions):
+    """Every option of a run: the core's, grouped by concern above, and the strategies'."""
+    strategy: str = ""
     # strategy -> its options dataclass (parallax_tf.strategy), parsed from its flags
     strategy_options: dict = dataclasses.field(default_factory=dict)
 
@@ -123,9 +174,11 @@ class Options:
         """The chosen strategy's options."""
         return self.strategy_options[self.strategy]
 
-    @property
-    def device_request(self) -> devices.DeviceRequest:
-        return devices.DeviceRequest(self.gpus_per_rank, self.gpu_memory_fraction, self.share_gpus)
+
+CORE_OPTIONS = (LaunchOptions, TrainingOptions, PlanningOptions, ProcessOptions, CheckpointOptions,
+                ObservationOptions, DeviceOptions)
+for _group in CORE_OPTIONS:
+    strategy_lib.define_flags(_group, module_name=__name__)
 
 
 def define_strategy_flag() -> None:

@@ -29,8 +29,9 @@ if TYPE_CHECKING:         # types only: importing these here would make cycles
 
 # ---- options ----------------------------------------------------------------------------------
 def option(default, flag: str, help: str, choices: Optional[Sequence[str]] = None, kind: Optional[str] = None):
-    """A field of a strategy's options dataclass, set by the absl flag `flag`. `kind`: "list"
-    for a comma-separated flag (default: from the default's type)."""
+    """A field of an options dataclass (a strategy's, or the core's in parallax_tf.flags), set by
+    the absl flag `flag`. `kind`: "list" for a comma-separated flag, "int" or "float" for a
+    number whose default is None (default: from the default's type)."""
     factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
     return dataclasses.field(metadata={"flag": flag, "help": help, "choices": choices, "kind": kind}, **factory)
 
@@ -45,9 +46,11 @@ def flag_names(options_type) -> Dict[str, str]:
     return {f.metadata["flag"]: f.name for f in dataclasses.fields(options_type)}
 
 
-def define_flags(options_type) -> None:
-    """Defines the absl flags of an options dataclass (once per process)."""
+def define_flags(options_type, module_name: Optional[str] = None) -> None:
+    """Defines the absl flags of an options dataclass (once per process); `module_name`: the
+    module --helpfull lists them under (default: absl's guess, the caller's)."""
     from absl import flags
+    where = {"module_name": module_name} if module_name else {}
     for field in dataclasses.fields(options_type):
         meta = field.metadata
         name, default = meta["flag"], field.default if field.default is not dataclasses.MISSING \
@@ -55,17 +58,17 @@ def define_flags(options_type) -> None:
         if name in flags.FLAGS:
             continue
         if meta["choices"]:
-            flags.DEFINE_enum(name, default, list(meta["choices"]), meta["help"])
+            flags.DEFINE_enum(name, default, list(meta["choices"]), meta["help"], **where)
         elif meta["kind"] == "list" or isinstance(default, list):
-            flags.DEFINE_list(name, default, meta["help"])
+            flags.DEFINE_list(name, default, meta["help"], **where)
         elif isinstance(default, bool):
-            flags.DEFINE_bool(name, default, meta["help"])
+            flags.DEFINE_bool(name, default, meta["help"], **where)
+        elif meta["kind"] == "float" or isinstance(default, float):
+            flags.DEFINE_float(name, default, meta["help"], **where)
         elif isinstance(default, int) or (default is None and meta["kind"] == "int"):
-            flags.DEFINE_integer(name, default, meta["help"])
-        elif isinstance(default, float):
-            flags.DEFINE_float(name, default, meta["help"])
+            flags.DEFINE_integer(name, default, meta["help"], **where)
         else:
-            flags.DEFINE_string(name, default, meta["help"])
+            flags.DEFINE_string(name, default, meta["help"], **where)
 
 
 # ---- planning ---------------------------------------------------------------------------------
