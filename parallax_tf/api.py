@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import rewriters  # noqa: F401  (registers the techniques: the core reaches them only through parallax_tf.strategy)
 from parallax_tf import flags as ptf_flags
-from parallax_tf import devices, model_init, strategy as strategy_lib
+from parallax_tf import devices, model_init, rank_run, strategy as strategy_lib
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
@@ -83,6 +83,30 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     import horovod.tensorflow as hvd
     topo = cluster.topology
     run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
+    built = _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id)
+    phases["graph"] = time.time()
+    ran = _open_rank_session(opts, cluster, captured, plan, built, user_hooks)
+    peer_lost = False
+    try:
+        trained = _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases)
+    except session.PeerLost:
+        peer_lost = True
+        raise
+    finally:
+        # After a lost peer, closing the session could wait on it: leave it, and keep the
+        # watchdog armed so this process still stops if anything on the way out hangs.
+        if not peer_lost:
+            _close_rank_session(opts, cluster, run_id, built, ran)
+    phases["results"] = time.time()
+    result = rank_run.result(plan, topo, phases, built, ran, trained)
+    if topo.is_chief and opts.log_every:
+        _print_summary(result, topo.size, trained.stats.loss_scope, _written(opts))
+    return result
+
+
+def _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id) -> rank_run.RankGraph:
+    """The strategy's rewrite of model_fn into this rank's graph, initialised as the single-device
+    script would, placed and finalized."""
     graph = tf.Graph()
     # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
@@ -101,91 +125,82 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     placement.settle(graph, topo.server_ranks, topo.device_type)
     graph.finalize()
     on_cpu_instead = _ops_without_gpu_kernel(graph, topo, opts.verbose)
-    phases["graph"] = time.time()
+    return rank_run.RankGraph(graph, dgraph, state_io, input_reads, batch_rows, on_cpu_instead)
+
+
+def _open_rank_session(opts, cluster, captured, plan, built, user_hooks) -> rank_run.RankSession:
+    """The checkpoint stores and rank 0's starting values, the session, the hooks and the
+    watchdog with the guard that turns a lost peer into one error."""
+    topo = cluster.topology
     store = CheckpointStore(opts.ckpt_dir, opts.ckpt_keep) if opts.ckpt_dir else None
     commits = CheckpointStore(os.environ[launcher.COMMIT_DIR_ENV], 1) if opts.commit_every else None
-    start_values = _start_values([store, commits], captured, state_io) if topo.is_chief else {}
-    remote = session.remote_tasks(graph, topo.rank)
-    sess = session.open_session(cluster.target, graph, topo.rank, opts.timeout_s, remote,
+    start_values = _start_values([store, commits], captured, built.state_io) if topo.is_chief else {}
+    remote = session.remote_tasks(built.graph, topo.rank)
+    sess = session.open_session(cluster.target, built.graph, topo.rank, opts.timeout_s, remote,
                                 in_process=session.alone(remote, topo.rank, topo.size))
-    hooks, checkpointer, committer = _hooks(opts, topo, store, commits, state_io, sess, plan.global_step_key)
+    hooks, checkpointer, committer = _hooks(opts, topo, store, commits, built.state_io, sess, plan.global_step_key)
     hooks += user_hooks
-    results = list(dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
+    results = list(built.dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
-    watchdog = _watchdog(topo, cluster, dgraph) if topo.size > 1 else None
+    watchdog = _watchdog(topo, cluster, built.dgraph) if topo.size > 1 else None
     alive = watchdog.alive if watchdog else (lambda: {topo.rank})
     guard = functools.partial(session.cross_rank_errors, timeout_s=opts.timeout_s, rank=topo.rank,
                               lost=watchdog.lost if watchdog else None,
                               deadline=watchdog.deadline if watchdog else None)
-    peer_lost = read = False
-    try:
-        start = session.initialise(sess, dgraph, state_io, start_values, topo.is_chief, guard, input_reads)
-        phases["session"] = time.time()
-        if topo.is_chief and start:
-            print(f"resumed from {_newest([store, commits])} at step {start}", flush=True)
-        live = LiveRun(topo.rank, topo.size, lambda: state_io.read(sess), state_io.collective,
-                       isinstance(dgraph.runner, SyncRunner))
+    return rank_run.RankSession(sess, store, commits, start_values, hooks, checkpointer, committer, results, tracer,
+                        watchdog, alive, guard)
+
+
+def _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases) -> rank_run.Trained:
+    """Initialises the state, runs the steps with the hooks around them and reads the results
+    back between the barriers every rank passes."""
+    sess, dgraph, state_io, hooks = ran.sess, built.dgraph, built.state_io, ran.hooks
+    start = session.initialise(sess, dgraph, state_io, ran.start_values, topo.is_chief, ran.guard, built.input_reads)
+    phases["session"] = time.time()
+    if topo.is_chief and start:
+        print(f"resumed from {_newest([ran.store, ran.commits])} at step {start}", flush=True)
+    live = LiveRun(topo.rank, topo.size, lambda: state_io.read(sess), state_io.collective,
+                   isinstance(dgraph.runner, SyncRunner))
+    for hook in hooks:
+        hook.attach(live)
+        hook.begin(start)
+    StepStats.profile_threads_from = opts.profile_threads_from
+    began, cpu_began = time.perf_counter(), time.process_time()
+    inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, ran.tracer, ran.guard,
+                       opts.timeout_s * 1000, built.batch_rows)
+    losses, stats = dgraph.runner.run(sess, inputs)
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    phases["training"] = time.time()
+    threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
+    with ran.guard("collecting results"):
+        dgraph.barrier.wait(sess, "trained", ran.alive, opts.timeout_s)
+        variables = state_io.read(sess, keys=ran.results)
+        global_step = int(sess.run(dgraph.global_step))
+        report = dgraph.runner.final_report(sess)
+        histograms = report.get("histograms", {})
+        stats.extras.update(report.get("extras", {}))
+        if threads:
+            stats.extras["thread_cpu_s_per_step"] = threads
         for hook in hooks:
-            hook.attach(live)
-            hook.begin(start)
-        StepStats.profile_threads_from = opts.profile_threads_from
-        began, cpu_began = time.perf_counter(), time.process_time()
-        inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, tracer, guard,
-                           opts.timeout_s * 1000, batch_rows)
-        losses, stats = dgraph.runner.run(sess, inputs)
-        wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
-        phases["training"] = time.time()
-        threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
-        with guard("collecting results"):
-            dgraph.barrier.wait(sess, "trained", alive, opts.timeout_s)
-            variables = state_io.read(sess, keys=results)
-            global_step = int(sess.run(dgraph.global_step))
-            report = dgraph.runner.final_report(sess)
-            histograms = report.get("histograms", {})
-            stats.extras.update(report.get("extras", {}))
-            if threads:
-                stats.extras["thread_cpu_s_per_step"] = threads
-            for hook in hooks:
-                hook.final(global_step, histograms)
-            if watchdog:            # peers may leave once the barrier below lets them
-                watchdog.stop()
-            dgraph.barrier.wait(sess, "read", alive, opts.timeout_s)   # nobody stops its servers while others read
-            read = True
-    except session.PeerLost:
-        peer_lost = True
-        raise
-    finally:
-        # After a lost peer, closing the session could wait on it: leave it, and keep the
-        # watchdog armed so this process still stops if anything on the way out hangs.
-        if not peer_lost:
-            if watchdog:
-                watchdog.stop()
-            teardown.bound_exit(topo.rank, opts.timeout_s)
-            # The reset reaches every rank's server, so only when all have read (the last point
-            # where the ranks agree) and none is gone: it would wait for a gone server forever.
-            teardown.finish(sess, cluster.target, run_id, topo.rank, topo.size, opts.timeout_s,
-                            reset=read and dgraph.barrier.may_reset(topo.rank) and alive() == set(range(topo.size)))
-    phases["results"] = time.time()
-    stats.extras["phases"] = phases
-    if on_cpu_instead is not None:
-        stats.extras["ops_without_gpu_kernel"] = on_cpu_instead
-    for name, saver in (("checkpoint", checkpointer), ("commit", committer)):
-        if saver is not None and saver.store is not None and saver.seconds:
-            stats.extras[f"{name}_ms"] = [round(s * 1000, 2) for s in saver.seconds]
-            stats.extras[f"{name}_bytes"] = saver.bytes
-    result = Result(variables=variables, losses=losses, plan=plan, global_step=global_step, start_step=start,
-                    wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
-                    bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
-                    step_times=stats.times,
-                    examples_per_step=stats.examples // max(1, len(stats.times)),
-                    cpu_s_per_step=cpu / max(1, len(stats.times)), step_cpu_s=stats.cpu_times,
-                    lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
-                    checkpoint=checkpointer.last_path if checkpointer else None, extras=stats.extras,
-                    histograms=histograms, lost_ranks=sorted(set(range(topo.size)) - alive()),
-                    metrics=stats.metrics, mean_losses=stats.losses)
-    if topo.is_chief and opts.log_every:
-        _print_summary(result, topo.size, stats.loss_scope, _written(opts))
-    return result
+            hook.final(global_step, histograms)
+        if ran.watchdog:            # peers may leave once the barrier below lets them
+            ran.watchdog.stop()
+        dgraph.barrier.wait(sess, "read", ran.alive, opts.timeout_s)   # nobody stops its servers while others read
+        ran.read = True
+    return rank_run.Trained(start, losses, stats, wall, cpu, variables, global_step, histograms)
+
+
+def _close_rank_session(opts, cluster, run_id, built, ran) -> None:
+    """Stops the watchdog, bounds the exit and closes the session, resetting the servers when
+    every rank may."""
+    topo = cluster.topology
+    if ran.watchdog:
+        ran.watchdog.stop()
+    teardown.bound_exit(topo.rank, opts.timeout_s)
+    # The reset reaches every rank's server, so only when all have read (the last point
+    # where the ranks agree) and none is gone: it would wait for a gone server forever.
+    teardown.finish(ran.sess, cluster.target, run_id, topo.rank, topo.size, opts.timeout_s,
+                    reset=ran.read and built.dgraph.barrier.may_reset(topo.rank) and ran.alive() == set(range(topo.size)))
 
 
 def _written(opts) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf import model_init, training_graph
+from parallax_tf.captured import Capture, StateInfo, VariableInfo
 from parallax_tf.errors import ModelError
 from parallax_tf.feeds import make_feeds
 from parallax_tf.model import RunContext
@@ -30,50 +31,6 @@ WRITE_OPS = {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddV
               "ScatterDiv", "ScatterNdUpdate", "ScatterNdAdd", "ResourceScatterUpdate",
               "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul",
               "ResourceScatterDiv", "ResourceScatterNdUpdate", "ResourceScatterNdAdd"}
-
-
-@dataclasses.dataclass
-class VariableInfo:
-    name: str                      # single-device (logical) name, without ":0"
-    shape: List[int]
-    dtype: str
-    bytes: int
-    gradient: str                  # sparse | dense | none
-    layer: str
-    rows_touched: Optional[int]    # unique rows one rank's batch touches (sparse only)
-    gathered_bytes: Optional[int]  # bytes its lookups return for one batch, repeats included
-    user_partitioned: bool
-    part_names: List[str]          # the variables holding it in the capture graph
-    part_rows: List[int]
-    from_get_variable: bool        # only get_variable variables can be partitioned by us
-
-    @property
-    def row_bytes(self) -> int:
-        return self.bytes // max(1, self.shape[0]) if self.shape else self.bytes
-
-
-@dataclasses.dataclass
-class StateInfo:
-    """A non-trainable variable of the model (batch-norm statistics, an EMA, a counter)."""
-    name: str
-    shape: List[int]
-    dtype: str
-    bytes: int
-    per_rank: bool     # its updates read this rank's batch: combined over ranks (mean) when read
-    layer: str
-
-
-@dataclasses.dataclass
-class Capture:
-    variables: List[VariableInfo]
-    initial_values: Dict[str, np.ndarray]   # logical name -> whole value (model variables and state)
-    placeholders: List[str]                 # placeholder names the loss needs fed
-    optimizer_name: str
-    compute_s: Optional[float] = None       # one single-device forward+backward, when timed
-    state: List[StateInfo] = dataclasses.field(default_factory=list)
-    global_step: Optional[str] = None       # the model's own global step, when its train op advances one
-    measured: Dict[str, object] = dataclasses.field(default_factory=dict)   # Measure.name -> what it found
-    metrics: List[str] = dataclasses.field(default_factory=list)   # the names in Model.metrics
 
 
 @dataclasses.dataclass
@@ -131,66 +88,108 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         tf.compat.v1.set_random_seed(seed)
         with record_get_variable(from_get_variable):
             training = training_graph.build(model_fn, ctx, shard=shard_input)
-        trainable = tf.compat.v1.trainable_variables()
-        if not trainable:
-            raise ModelError("model_fn created no trainable variables: there is nothing to train")
-        _check_no_outside_writes(graph, trainable, training.created_by_optimizers())
-        placeholders = training_graph.needed_placeholders(training.train_op, training.loss)
-        initializers = model_init.initializers(graph, [training.train_op])
-        raw = training.raw_gradients()
-        applied = training.applied()
-        groups: Dict[str, list] = {}
-        for var in trainable:
-            grad = raw[var.op.name][0] if var.op.name in applied else None
-            groups.setdefault(logical_name(var), []).append((var, grad))
-        state_vars = _state_variables(training, trainable)
+        built = _model_parts(graph, training, from_get_variable)
         # input_fn runs on the evaluating rank only: a rank that reads no data (a Stanza FC node)
         # may have no batch to give
-        feeds = make_feeds(input_fn, ctx, placeholders, graph) if evaluate else {}
-        values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
-                  for name, pairs in groups.items()}
-        state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
-        rows: Dict[str, tuple] = {}
-        compute_s = None
-        if evaluate:
-            with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
-                _initialise(sess, initializers)
-                values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
-                                                 state_vars))
-                rows = _rows_touched(sess, groups, feeds, training_graph.ancestors(training.loss.op))
-                if time_compute:
-                    compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
-                                           feeds)
+        feeds = make_feeds(input_fn, ctx, built.placeholders, graph) if evaluate else {}
+        found = _evaluate(built, feeds, evaluate, time_compute)
         state_info = [StateInfo(name=name, shape=list(var.shape), dtype=var.dtype.base_dtype.name,
-                                bytes=int(np.asarray(state_values[name]).nbytes),
+                                bytes=int(np.asarray(found.state_values[name]).nbytes),
                                 per_rank=_reads_the_batch(var, training.train_op),
                                 layer=_state_layer(var, training))
-                      for name, var in state_vars.items()]
+                      for name, var in built.state_vars.items()]
         forward = training_graph.ancestors(training.loss.op)
+    infos, initial = _describe_variables(built, found, forward)
+    initial.update({name: np.asarray(value) for name, value in found.state_values.items()})
+    optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
+    view = CaptureView(graph, training, built.groups, {i.name: i.layer for i in infos}, built.state_vars, feeds,
+                       built.initializers, evaluate, time_compute)
+    with graph.as_default():
+        measured = {measure.name: measure.measure(view) for measure in measures}
+    return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
+                   training.global_step.op.name if training.global_step is not None else None, measured,
+                   sorted(training.model.metrics or {}))
+
+
+@dataclasses.dataclass
+class _ModelParts:
+    """What capture's steps read of the model built in the capture graph."""
+    graph: tf.Graph
+    training: object                        # training_graph.Training
+    placeholders: List[str]
+    initializers: list
+    groups: Dict[str, list]                 # logical name -> [(variable, raw gradient)]
+    state_vars: Dict[str, tf.Variable]
+    from_get_variable: set
+
+
+@dataclasses.dataclass
+class _Evaluated:
+    """The capture graph's values (zeros where it is not evaluated) and what one batch showed."""
+    values: Dict[str, list]                 # logical name -> its parts' values
+    state_values: Dict[str, np.ndarray]
+    rows: Dict[str, tuple]                  # _rows_touched
+    compute_s: Optional[float]
+
+
+def _model_parts(graph, training, from_get_variable: set) -> _ModelParts:
+    """The trainable variables (checked: the optimizers alone write them) with their raw
+    gradients by single-device name, the model's state, and what a step needs fed and run first."""
+    trainable = tf.compat.v1.trainable_variables()
+    if not trainable:
+        raise ModelError("model_fn created no trainable variables: there is nothing to train")
+    _check_no_outside_writes(graph, trainable, training.created_by_optimizers())
+    placeholders = training_graph.needed_placeholders(training.train_op, training.loss)
+    initializers = model_init.initializers(graph, [training.train_op])
+    raw = training.raw_gradients()
+    applied = training.applied()
+    groups: Dict[str, list] = {}
+    for var in trainable:
+        grad = raw[var.op.name][0] if var.op.name in applied else None
+        groups.setdefault(logical_name(var), []).append((var, grad))
+    state_vars = _state_variables(training, trainable)
+    return _ModelParts(graph, training, placeholders, initializers, groups, state_vars, from_get_variable)
+
+
+def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: bool) -> _Evaluated:
+    """With `evaluate`, the initial values, the rows one batch touches and (`time_compute`) a
+    step's time, from a session of the capture graph."""
+    groups, state_vars = built.groups, built.state_vars
+    values = {name: [np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for v, _ in pairs]
+              for name, pairs in groups.items()}
+    state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
+    rows: Dict[str, tuple] = {}
+    compute_s = None
+    if evaluate:
+        with tf.compat.v1.Session(graph=built.graph, config=pool_threads.config()) as sess:
+            _initialise(sess, built.initializers)
+            values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
+                                             state_vars))
+            rows = _rows_touched(sess, groups, feeds, training_graph.ancestors(built.training.loss.op))
+            if time_compute:
+                compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
+                                       feeds)
+    return _Evaluated(values, state_values, rows, compute_s)
+
+
+def _describe_variables(built: _ModelParts, found: _Evaluated, forward: set) -> tuple:
+    """(VariableInfo of every trainable variable, its whole initial value by single-device name)."""
     infos, initial = [], {}
-    for name, pairs in groups.items():
+    for name, pairs in built.groups.items():
         parts = [v for v, _ in pairs]
-        whole = np.concatenate(values[name], axis=0) if len(parts) > 1 else values[name][0]
+        whole = np.concatenate(found.values[name], axis=0) if len(parts) > 1 else found.values[name][0]
         initial[name] = whole
         kinds = {_gradient_kind(g) for _, g in pairs}
         gradient = "none" if kinds == {"none"} else ("sparse" if kinds == {"sparse"} else "dense")
         infos.append(VariableInfo(
             name=name, shape=list(whole.shape), dtype=parts[0].dtype.base_dtype.name,
             bytes=int(whole.nbytes), gradient=gradient,
-            layer=_layer_kind(parts, gradient, training.keras_layers, forward),
-            rows_touched=rows.get(name, (None, None))[0], gathered_bytes=rows.get(name, (None, None))[1],
+            layer=_layer_kind(parts, gradient, built.training.keras_layers, forward),
+            rows_touched=found.rows.get(name, (None, None))[0], gathered_bytes=found.rows.get(name, (None, None))[1],
             user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
-            from_get_variable=name in from_get_variable))
-    initial.update({name: np.asarray(value) for name, value in state_values.items()})
-    optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
-    view = CaptureView(graph, training, groups, {i.name: i.layer for i in infos}, state_vars, feeds, initializers,
-                       evaluate, time_compute)
-    with graph.as_default():
-        measured = {measure.name: measure.measure(view) for measure in measures}
-    return Capture(infos, initial, placeholders, "+".join(optimizers), compute_s, state_info,
-                   training.global_step.op.name if training.global_step is not None else None, measured,
-                   sorted(training.model.metrics or {}))
+            from_get_variable=name in built.from_get_variable))
+    return infos, initial
 
 
 def _initialise(sess, initializers) -> None:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import sys
 from typing import Callable, Dict, List
 
 import tensorflow as tf
 
 from parallax_tf import input_shard
 from parallax_tf.errors import ModelError
+from parallax_tf.keras_support import (creating_layer, describe_optimizer, is_legacy_keras_optimizer,
+                                       keras_constants_stay_in_the_graph, legacy_keras_optimizer_class,
+                                       new_keras_optimizer_class)
 from parallax_tf.model import Model, RunContext, check_metrics
 
 # The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
@@ -103,54 +105,18 @@ class _Recorder:
         helper = gradients_util._GradientsHelper
         optimizer_class = tf.compat.v1.train.Optimizer
         apply = optimizer_class.apply_gradients
-        recorder = self
-
-        def gradients_helper(ys, xs, grad_ys=None, *args, **kwargs):
-            grads = helper(ys, xs, grad_ys, *args, **kwargs)
-            recorder.gradient_calls.append(GradientCall(_as_list(ys), grad_ys, _as_list(xs), list(grads)))
-            return grads
-
-        def apply_gradients(optimizer, grads_and_vars, global_step=None, name=None, **kwargs):
-            return recorder.record_apply(lambda pairs: apply(optimizer, pairs, global_step, name, **kwargs),
-                                         optimizer, grads_and_vars, global_step)
-
-        keras_class = _legacy_keras_optimizer_class()
+        keras_class = legacy_keras_optimizer_class()
         keras_apply = keras_class.apply_gradients if keras_class is not None else None
-
-        def keras_apply_gradients(optimizer, grads_and_vars, name=None, experimental_aggregate_gradients=True):
-            # Aggregating over the replicas of the graph's (default) distribution strategy is an
-            # identity that ties every gradient to every other (one IdentityN): left out, the
-            # math is the same and each gradient stays its variable's own.
-            return recorder.record_apply(lambda pairs: keras_apply(optimizer, pairs, name, False),
-                                         optimizer, grads_and_vars, None)
-
-        def creator(next_creator, **kwargs):
-            layer = _creating_layer()
-            if self.variable_hook is not None:
-                var = self.variable_hook(next_creator, kwargs, in_apply=bool(recorder.in_apply))
-            else:
-                var = next_creator(**kwargs)
-            if layer is not None:
-                recorder.keras_layers[var.op.name] = type(layer).__name__
-                if not any(layer is seen for seen in recorder.keras_layer_objects):
-                    recorder.keras_layer_objects.append(layer)
-            return var
-
-        new_class = _new_keras_optimizer_class()
+        new_class = new_keras_optimizer_class()
         new_apply = new_class.apply_gradients if new_class is not None else None
-
-        def new_apply_gradients(optimizer, *args, **kwargs):
-            recorder.new_keras_optimizers.append(optimizer)     # it trains nothing here: named if no apply is found
-            return new_apply(optimizer, *args, **kwargs)
-
-        gradients_util._GradientsHelper = gradients_helper
-        optimizer_class.apply_gradients = apply_gradients
+        gradients_util._GradientsHelper = self._recorded_gradients(helper)
+        optimizer_class.apply_gradients = self._recorded_apply(apply)
         if keras_class is not None:
-            keras_class.apply_gradients = keras_apply_gradients
+            keras_class.apply_gradients = self._recorded_keras_apply(keras_apply)
         if new_class is not None:
-            new_class.apply_gradients = new_apply_gradients
+            new_class.apply_gradients = self._noted_new_keras_apply(new_apply)
         try:
-            with tf.variable_creator_scope(creator), _keras_constants_stay_in_the_graph():
+            with tf.variable_creator_scope(self._create_variable), keras_constants_stay_in_the_graph():
                 yield
         finally:
             gradients_util._GradientsHelper = helper
@@ -159,6 +125,51 @@ class _Recorder:
                 keras_class.apply_gradients = keras_apply
             if new_class is not None:
                 new_class.apply_gradients = new_apply
+
+    def _recorded_gradients(self, helper):
+        """TF's gradients helper (tf.gradients, compute_gradients), recording each call."""
+        def gradients_helper(ys, xs, grad_ys=None, *args, **kwargs):
+            grads = helper(ys, xs, grad_ys, *args, **kwargs)
+            self.gradient_calls.append(GradientCall(_as_list(ys), grad_ys, _as_list(xs), list(grads)))
+            return grads
+        return gradients_helper
+
+    def _recorded_apply(self, apply):
+        """tf.compat.v1.train.Optimizer.apply_gradients, recording each call."""
+        def apply_gradients(optimizer, grads_and_vars, global_step=None, name=None, **kwargs):
+            return self.record_apply(lambda pairs: apply(optimizer, pairs, global_step, name, **kwargs),
+                                     optimizer, grads_and_vars, global_step)
+        return apply_gradients
+
+    def _recorded_keras_apply(self, keras_apply):
+        """tf_keras' legacy OptimizerV2.apply_gradients, recording each call."""
+        def keras_apply_gradients(optimizer, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+            # Aggregating over the replicas of the graph's (default) distribution strategy is an
+            # identity that ties every gradient to every other (one IdentityN): left out, the
+            # math is the same and each gradient stays its variable's own.
+            return self.record_apply(lambda pairs: keras_apply(optimizer, pairs, name, False),
+                                     optimizer, grads_and_vars, None)
+        return keras_apply_gradients
+
+    def _noted_new_keras_apply(self, new_apply):
+        """tf_keras' new Optimizer.apply_gradients, noting the optimizer."""
+        def new_apply_gradients(optimizer, *args, **kwargs):
+            self.new_keras_optimizers.append(optimizer)     # it trains nothing here: named if no apply is found
+            return new_apply(optimizer, *args, **kwargs)
+        return new_apply_gradients
+
+    def _create_variable(self, next_creator, **kwargs):
+        """The variable creator: the hook (or TF) creates it; the tf_keras layer making it is noted."""
+        layer = creating_layer()
+        if self.variable_hook is not None:
+            var = self.variable_hook(next_creator, kwargs, in_apply=bool(self.in_apply))
+        else:
+            var = next_creator(**kwargs)
+        if layer is not None:
+            self.keras_layers[var.op.name] = type(layer).__name__
+            if not any(layer is seen for seen in self.keras_layer_objects):
+                self.keras_layer_objects.append(layer)
+        return var
 
     def record_apply(self, apply, optimizer, grads_and_vars, global_step):
         """Runs `apply(pairs)` (an optimizer's apply_gradients) and records what it created. A
@@ -182,42 +193,6 @@ def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _legacy_keras_optimizer_class():
-    """tf_keras' OptimizerV2 (tf_keras.optimizers.legacy.*), when tf_keras is installed (imported
-    here, 0.1 s, so that a model_fn importing it itself is recorded too)."""
-    try:
-        from tf_keras.src.optimizers.legacy import optimizer_v2
-    except ImportError:
-        return None
-    return optimizer_v2.OptimizerV2
-
-
-def _new_keras_optimizer_class():
-    """tf_keras' new Optimizer base class (tf_keras.optimizers.*), when tf_keras is installed."""
-    try:
-        from tf_keras.src.optimizers import optimizer
-    except ImportError:
-        return None
-    return optimizer.Optimizer
-
-
-def is_legacy_keras_optimizer(optimizer) -> bool:
-    keras_class = _legacy_keras_optimizer_class()
-    return keras_class is not None and isinstance(optimizer, keras_class)
-
-
-def describe_optimizer(optimizer) -> str:
-    """"tf_keras Adam", "Keras 3 Adam", "tf.compat.v1.train AdamOptimizer": what a message names."""
-    module, name = type(optimizer).__module__, type(optimizer).__name__
-    if module.startswith("tf_keras"):
-        return f"tf_keras {'legacy ' if is_legacy_keras_optimizer(optimizer) else ''}{name}"
-    if module.startswith("keras"):
-        return f"Keras 3 {name}"
-    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        return f"tf.compat.v1.train {name}"
-    return f"{module}.{name}"
-
-
 def _check_optimizer(optimizer) -> None:
     if isinstance(optimizer, tf.compat.v1.train.Optimizer) or is_legacy_keras_optimizer(optimizer):
         return
@@ -231,47 +206,6 @@ def _check_optimizer(optimizer) -> None:
                          f"tf.compat.v1 graph (no variable moves, even on one device); {fix}")
     raise ModelError(f"optimizer is a {describe_optimizer(optimizer)}; parallax_tf needs a tf.compat.v1.train "
                      f"optimizer or a tf_keras.optimizers.legacy one: {fix}")
-
-
-@contextlib.contextmanager
-def _keras_constants_stay_in_the_graph():
-    """A raw TF op between tf_keras functional layers with a constant input (tf.reshape(x, [-1, 2, 4]))
-    makes tf_keras evaluate that constant in a session of its own (backend.get_session), which
-    initialises every variable built so far, on devices that session does not have. tf_keras'
-    own switch keeps the constant as the graph tensor it is instead."""
-    try:
-        from tf_keras.src.engine import base_layer_utils
-    except ImportError:
-        yield
-        return
-    saved = base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION
-    base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = True
-    try:
-        yield
-    finally:
-        base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = saved
-
-
-def _creating_layer():
-    """The innermost tf_keras layer whose code is creating a variable right now, if any.
-    A Keras 3 layer (the `keras` package) gets a clear error instead."""
-    frame = sys._getframe(2)
-    for _ in range(60):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        module = type(owner).__module__ if owner is not None else ""
-        if module.startswith("keras.") or module == "keras":
-            raise ModelError(
-                f"model_fn built a Keras 3 object ({type(owner).__module__}.{type(owner).__name__}) (the `keras` "
-                "package; tf.keras too where TensorFlow was imported before parallax_tf or TF_USE_LEGACY_KERAS "
-                "is off), whose layers in a tf.compat.v1 graph never update batch-norm statistics. Use Keras 2: "
-                "`import tf_keras` (tf_keras.layers, tf_keras.Sequential), or tf.keras with parallax_tf "
-                "imported before TensorFlow")
-        if module.startswith("tf_keras") and any(c.__name__ == "Layer" for c in type(owner).__mro__):
-            return owner
-        frame = frame.f_back
-    return None
 
 
 def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:

@@ -14,12 +14,12 @@ rank fails, every rank is stopped, as horovodrun does. The rank named as the job
 restarted for) is the one that failed, not one that stopped because it lost that peer (status
 PEER_LOST_STATUS): such a rank's exit waits a moment for the peer's own.
 
-The ranks' output is the job's one stream (RankOutput): rank 0's lines as they are, another
-rank's prefixed `[rank N]`, a user error every rank reports printed once, and TensorFlow's,
-absl's, oneDNN's, gRPC's and Horovod's own log lines dropped unless --verbose."""
+The ranks' output is the job's one stream (rank_output.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -40,114 +40,18 @@ else:                  # run as a script (see above): its folder is on the path,
 if __name__ == "__mp_main__":        # this module re-imported in Horovod's per-rank helper process
     horovod_runner.quiet_rank_stop()
 
+if __package__:
+    from parallax_tf.runtime.rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
+else:                  # run as a script, as above
+    from rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
+
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commits (parallax_tf.api)
 EXPENDABLE_FILE = "expendable.json"
-USER_ERROR_PREFIX = "parallax_tf: error: "    # a rank's one-line end on a user error (runtime/exit.py)
 USER_ERROR_STATUS = 2
 DIVERGED_STATUS = 3      # a rank whose loss became NaN/Inf (runtime/exit.py): restarting would diverge again
 PEER_LOST_STATUS = 75    # a rank that stopped because a peer was lost (runtime/exit.py, watchdog.py)
 CAUSE_WAIT_S = 5.0       # how long such a rank's exit waits for the lost peer's own to be seen
-# Start-up notices and C++ log lines of TensorFlow, absl, oneDNN, gRPC and Horovod
-NOISE = re.compile(
-    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] "                          # absl / glog format
-    r"|\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.[\d ]+: [IWE] \S+:\d+\] "     # TF's and Horovod's own (unpadded us)
-    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags"
-    r"|Additional GRPC error information from remote target |:?UNKNOWN:Error received from peer "  # gRPC's, continued
-    r"|Warning: Permanently added '[^']*' \(\S+\) to the list of known hosts"     # ssh's, on a host's first visit
-    r"|bash: line \d+: +\d+ [A-Z][\w ]* +env HOROVOD_HOSTNAME=")    # a remote shell's note on a rank killed by a signal
-
-
-PYTHON_WARNING = re.compile(r"\S+:\d+: \w*Warning: ")     # warnings.formatwarning's first line
-
-
-def is_noise(line: str) -> bool:
-    return NOISE.match(line) is not None
-
-
-class JobOutput:
-    """What the ranks' streams share: the user errors already printed, and who printed one."""
-
-    def __init__(self, verbose: bool = False, stopping: Optional[threading.Event] = None):
-        self.verbose = verbose
-        self.stopping = stopping or threading.Event()     # set: the launcher is stopping the ranks
-        self.lock = threading.Lock()
-        self.errors: set = set()
-        self.user_error_ranks: set = set()
-        self.warnings: set = set()        # Python warnings already shown, by their text
-
-
-class RankOutput:
-    """One rank's stdout or stderr, written to `sink` as part of the job's one stream. From a
-    traceback on, another rank's stderr is held until it exits (release): a rank that fails
-    because the job was already ending (a peer's crash) adds its error's last line, and nothing
-    after a peer's user error."""
-
-    def __init__(self, rank: int, sink, job: JobOutput, holds: bool = False):
-        self.rank, self.sink, self.job = rank, sink, job
-        self.holds = holds and rank != 0
-        self.held: Optional[List[str]] = None
-        self.after_repeated_warning = False
-
-    def write(self, text: str) -> None:
-        line = text.rstrip("\r\n")
-        if not self.job.verbose and (is_noise(line) or self.job.stopping.is_set() and _stopped_note(line)):
-            return                      # (the shell's or the rank's note on a rank this launcher stopped)
-        if self._repeats_a_warning(line):
-            return
-        if self.holds and self.job.errors and not line.startswith(USER_ERROR_PREFIX):
-            return                      # a user error already said why the job ends
-        if self.held is None and self.holds and line.startswith("Traceback (most recent call last)"):
-            self.held = []
-        if self.held is not None and not line.startswith(USER_ERROR_PREFIX):
-            self.held.append(f"[rank {self.rank}] {text}")
-            return
-        if line.startswith(USER_ERROR_PREFIX):
-            with self.job.lock:
-                self.job.user_error_ranks.add(self.rank)
-                if line in self.job.errors:
-                    return              # every rank reports it: once is enough
-                self.job.errors.add(line)
-        elif self.rank != 0:
-            text = f"[rank {self.rank}] {text}"
-        self.sink.write(text)
-        self.sink.flush()
-
-    def _repeats_a_warning(self, line: str) -> bool:
-        """A Python warning (`file:line: SomeWarning: text`, then its source line) that another
-        rank, or this one, already showed: every rank runs the same code, so once is the job's."""
-        if self.after_repeated_warning:
-            self.after_repeated_warning = False
-            if line.startswith("  "):
-                return True
-        if not PYTHON_WARNING.match(line):
-            return False
-        with self.job.lock:
-            seen = line in self.job.warnings
-            self.job.warnings.add(line)
-        self.after_repeated_warning = seen
-        return seen
-
-    def flush(self) -> None:
-        self.sink.flush()
-
-    def release(self, job_was_ending: bool) -> None:
-        """The rank exited: what it held is shown; if the job was already ending, only its last
-        line (the error's message, e.g. which peer was lost), and nothing after a user error."""
-        held, self.held = self.held or [], None
-        if job_was_ending:
-            held = held[-1:]
-        if held and not self.job.errors:
-            self.sink.write("".join(held))
-            self.sink.flush()
-
-
-def _stopped_note(line: str) -> bool:
-    """The shell's or a rank's note that this launcher stopped it, saying nothing more (a note
-    that names a lost peer stays: it says why the job ends)."""
-    return line == "Terminated" or \
-        re.match(r"parallax_tf rank \d+: the launcher is stopping the job \(SIGTERM\)\. Stopping", line) is not None
 
 
 def write_expendable(ranks, why: str) -> None:
@@ -169,6 +73,26 @@ def _expendable(job_dir: str) -> dict:
         return {"ranks": [], "why": ""}
 
 
+@dataclasses.dataclass
+class _Job:
+    """What the ranks' helper threads, the timer and the signal handler of one run() share."""
+    job_dir: str
+    output: JobOutput
+    elsewhere: set                    # hosts reached over ssh
+    wrap: Optional[Callable]
+    ssh: Optional[remote.Ssh]
+    failure: Optional[dict]
+    stop_all: threading.Event         # set: every rank is being stopped
+    # a SIGINT or SIGTERM to this process (the ranks' stop event too), and which signal(s)
+    signalled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    received: List[int] = dataclasses.field(default_factory=list)
+    # exit statuses of the ranks that ended the job, first first
+    failures: List[int] = dataclasses.field(default_factory=list)
+    # set: the rank that ended the job is in `failure`
+    cause_known: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
         wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False,
         failure: Optional[dict] = None, ssh: Optional[remote.Ssh] = None) -> int:
@@ -184,63 +108,8 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
                                      elastic=False, prefix_output_with_timestamp=False)
     stop_all = threading.Event()
-    output = JobOutput(verbose, stop_all)
-    signalled = threading.Event()     # a SIGINT or SIGTERM to this process (the ranks' stop event too)
-    received: List[int] = []          # which signal(s)
-    failures: List[int] = []          # exit statuses of the ranks that ended the job, first first
-    cause_known = threading.Event()   # set: the rank that ended the job is in `failure`
-    lock = threading.Lock()
-    timer = None
-    if timeout_s:
-        def expire():
-            print(f"parallax_tf launcher: the job ran past {timeout_s:.0f}s; stopping every rank",
-                  file=sys.stderr, flush=True)
-            with lock:
-                failures.append(124)
-            stop_all.set()
-        timer = threading.Timer(timeout_s, expire)
-        timer.daemon = True
-        timer.start()
-
-    def exec_rank(cmd, slot_info, events):
-        rank = slot_info.rank
-        events = list(events or []) + [stop_all]
-        errors = RankOutput(rank, sys.stderr, output, holds=True)
-        if wrap:
-            cmd = wrap(cmd, slot_info)
-        if slot_info.hostname in elsewhere:
-            cmd = remote.remote_command(cmd, slot_info.hostname, ssh)
-        code = horovod_runner.execute(cmd, events, RankOutput(rank, sys.stdout, output), errors)
-        errors.release(job_was_ending=stop_all.is_set())
-        if code == 0:
-            return 0, 0.0
-        if signalled.is_set() or stop_all.is_set():      # stopped by a signal to us, or by us
-            with lock:
-                failures.append(code)
-            return 0, 0.0
-        survivable = _expendable(job_dir)
-        if rank in survivable["ranks"]:
-            print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
-                  f"the other ranks go on without it ({survivable['why']})", file=sys.stderr, flush=True)
-            return 0, 0.0
-        if code == PEER_LOST_STATUS:      # the lost peer ended the job: its exit, if it exits, names the cause
-            cause_known.wait(CAUSE_WAIT_S)
-        with lock:
-            is_cause = not cause_known.is_set()
-            if is_cause:
-                failures.insert(0, code)
-                if failure is not None:
-                    failure.update(rank=rank, host=slot_info.hostname, status=code,
-                                   user_error=code == USER_ERROR_STATUS and rank in output.user_error_ranks)
-                cause_known.set()
-            else:
-                failures.append(code)
-        if is_cause and rank not in output.user_error_ranks:    # else its one line (user error, NaN) said why
-            print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
-                  "stopping the other ranks", file=sys.stderr, flush=True)
-        stop_all.set()
-        return 0, 0.0
-
+    job = _Job(job_dir, JobOutput(verbose, stop_all), elsewhere, wrap, ssh, failure, stop_all)
+    timer = _start_timer(job, timeout_s) if timeout_s else None
     # Horovod's launch_gloo turns SIGINT and SIGTERM into an event that stops the ranks
     # (register_shutdown_event) and leaves its handler behind: the caller (tools.bench's next
     # strategy) would go on and ignore the next SIGTERM. Here the event is `signalled`, set by the
@@ -249,16 +118,11 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if in_main:
-        def on_signal(signum, _frame):
-            received.append(signum)
-            signalled.set()
-            stop_all.set()
-        for sig in previous:
-            signal.signal(sig, on_signal)
+        _catch_signals(job, previous)
     try:
         # exec_rank reports every rank as finished: the statuses that matter are in `failures`
-        horovod_runner.launch_gloo(command, exec_rank, settings, set(nics), env, server_ip,
-                                   stop_event=signalled if in_main else None)
+        horovod_runner.launch_gloo(command, functools.partial(_exec_rank, job), settings, set(nics), env, server_ip,
+                                   stop_event=job.signalled if in_main else None)
     finally:
         if in_main:
             for sig, handler in previous.items():
@@ -266,11 +130,82 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
         if timer:
             timer.cancel()
         shutil.rmtree(job_dir, ignore_errors=True)
-    if signalled.is_set():
-        signum = received[0] if received else signal.SIGTERM
+    if job.signalled.is_set():
+        signum = job.received[0] if job.received else signal.SIGTERM
         print(f"parallax_tf launcher: stopped every rank on {_signal_name(signum)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
-    return failures[0] if failures else 0
+    return job.failures[0] if job.failures else 0
+
+
+def _start_timer(job: _Job, timeout_s: float) -> threading.Timer:
+    """Stops every rank once the job has run for `timeout_s` (status 124)."""
+    def expire():
+        print(f"parallax_tf launcher: the job ran past {timeout_s:.0f}s; stopping every rank",
+              file=sys.stderr, flush=True)
+        with job.lock:
+            job.failures.append(124)
+        job.stop_all.set()
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _catch_signals(job: _Job, previous: dict) -> None:
+    """SIGINT and SIGTERM (the keys of `previous`) stop every rank and are remembered."""
+    def on_signal(signum, _frame):
+        job.received.append(signum)
+        job.signalled.set()
+        job.stop_all.set()
+    for sig in previous:
+        signal.signal(sig, on_signal)
+
+
+def _exec_rank(job: _Job, cmd, slot_info, events):
+    """Horovod's exec_command for one rank: runs it until it exits or the job stops, and decides
+    what its exit means for the job. Always reports the rank as finished (0, 0.0)."""
+    rank = slot_info.rank
+    events = list(events or []) + [job.stop_all]
+    errors = RankOutput(rank, sys.stderr, job.output, holds=True)
+    if job.wrap:
+        cmd = job.wrap(cmd, slot_info)
+    if slot_info.hostname in job.elsewhere:
+        cmd = remote.remote_command(cmd, slot_info.hostname, job.ssh)
+    code = horovod_runner.execute(cmd, events, RankOutput(rank, sys.stdout, job.output), errors)
+    errors.release(job_was_ending=job.stop_all.is_set())
+    if code == 0:
+        return 0, 0.0
+    if job.signalled.is_set() or job.stop_all.is_set():      # stopped by a signal to us, or by us
+        with job.lock:
+            job.failures.append(code)
+        return 0, 0.0
+    survivable = _expendable(job.job_dir)
+    if rank in survivable["ranks"]:
+        print(f"parallax_tf launcher: rank {rank} on {slot_info.hostname} exited with status {code}; "
+              f"the other ranks go on without it ({survivable['why']})", file=sys.stderr, flush=True)
+        return 0, 0.0
+    _rank_failed(job, rank, slot_info.hostname, code)
+    job.stop_all.set()
+    return 0, 0.0
+
+
+def _rank_failed(job: _Job, rank: int, host: str, code: int) -> None:
+    """Records a failed rank's status: first, with `failure` filled, when it is the job's cause."""
+    if code == PEER_LOST_STATUS:      # the lost peer ended the job: its exit, if it exits, names the cause
+        job.cause_known.wait(CAUSE_WAIT_S)
+    with job.lock:
+        is_cause = not job.cause_known.is_set()
+        if is_cause:
+            job.failures.insert(0, code)
+            if job.failure is not None:
+                job.failure.update(rank=rank, host=host, status=code,
+                                   user_error=code == USER_ERROR_STATUS and rank in job.output.user_error_ranks)
+            job.cause_known.set()
+        else:
+            job.failures.append(code)
+    if is_cause and rank not in job.output.user_error_ranks:    # else its one line (user error, NaN) said why
+        print(f"parallax_tf launcher: rank {rank} on {host} exited with status {code}; "
+              "stopping the other ranks", file=sys.stderr, flush=True)
 
 
 def _signal_name(signum: int) -> str:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import warnings
 
-from parallax_tf.runtime.launcher import is_noise
+from parallax_tf.runtime.rank_output import is_noise
 
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 

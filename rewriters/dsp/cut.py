@@ -166,64 +166,78 @@ def balanced(cuts: PipelineCuts, stages: int) -> List[CutPoint]:
     Raises ValueError when the model has fewer places to cut."""
     if stages == 1:
         return []
-    points = cuts.points
-    below = [set(p.below_ops) for p in points]
-    variables = [set(p.variables) for p in points]
-    everything = set(cuts.variables)
+    search = _CutSearch(cuts, stages)
+    slowest = search.solve(None)
+    if slowest is None:
+        raise ValueError(f"the model can be cut into at most {most_stages(cuts)} stage(s)")
+    cheapest = search.solve(slowest[0] * BALANCE_SLACK + 1e-12)
+    return cheapest[1] if cheapest else slowest[1]
 
-    def follows(i, j):      # cut j may come after cut i (i None: the input)
+
+class _CutSearch:
+    """The dynamic program behind `balanced`: chains of stages - 1 nested cut points."""
+
+    def __init__(self, cuts: PipelineCuts, stages: int):
+        self.cuts, self.stages = cuts, stages
+        self.points = cuts.points
+        self.below = [set(p.below_ops) for p in self.points]
+        self.variables = [set(p.variables) for p in self.points]
+        self.everything = set(cuts.variables)
+
+    def follows(self, i, j) -> bool:      # cut j may come after cut i (i None: the input)
         if i is None:
-            return bool(variables[j])
-        return below[i] < below[j] and bool(variables[j] - variables[i])
+            return bool(self.variables[j])
+        return self.below[i] < self.below[j] and bool(self.variables[j] - self.variables[i])
 
-    def last_ok(j):
-        return bool(everything - variables[j])
+    def last_ok(self, j) -> bool:
+        return bool(self.everything - self.variables[j])
 
-    def solve(bound):
+    def value(self, bound, prev, i, j) -> float:
+        """The chain's value with cut j after cut i: its slowest stage (bound None), or its bytes
+        while every stage stays within `bound`."""
+        cost = _cost(self.cuts, self.points[i] if i is not None else None, self.points[j])
+        if bound is None:
+            return max(prev, cost)
+        return prev + self.points[j].bytes_per_example if cost <= bound else float("inf")
+
+    def solve(self, bound):
         """(max cost or bytes, choice) minimising the slowest stage (bound None) or the bytes
         under `bound`."""
         inf = float("inf")
-        n = len(points)
+        n, stages = len(self.points), self.stages
         # best[m][j]: the best value with m + 1 cuts, the last at j; back[m][j]: the one before
         best = [[inf] * n for _ in range(stages - 1)]
         back = [[None] * n for _ in range(stages - 1)]
-
-        def value(prev, i, j):
-            cost = _cost(cuts, points[i] if i is not None else None, points[j])
-            if bound is None:
-                return max(prev, cost)
-            return prev + points[j].bytes_per_example if cost <= bound else inf
-
         for j in range(n):
-            if follows(None, j):
-                best[0][j] = value(0.0, None, j)
+            if self.follows(None, j):
+                best[0][j] = self.value(bound, 0.0, None, j)
         for m in range(1, stages - 1):
             for j in range(n):
                 for i in range(n):
-                    if best[m - 1][i] < inf and follows(i, j):
-                        v = value(best[m - 1][i], i, j)
+                    if best[m - 1][i] < inf and self.follows(i, j):
+                        v = self.value(bound, best[m - 1][i], i, j)
                         if v < best[m][j]:
                             best[m][j], back[m][j] = v, i
+        return self.finish(bound, best, back)
+
+    def finish(self, bound, best, back):
+        """The best chain whose last stage trains a variable and keeps within `bound`, read back
+        from its last cut; None when there is none."""
+        inf = float("inf")
         finish = []
-        for j in range(n):
-            if best[-1][j] < inf and last_ok(j):
-                cost = _cost(cuts, points[j], None)
+        for j in range(len(self.points)):
+            if best[-1][j] < inf and self.last_ok(j):
+                cost = _cost(self.cuts, self.points[j], None)
                 total = max(best[-1][j], cost) if bound is None else (best[-1][j] if cost <= bound else inf)
                 finish.append((total, j))
         if not finish or min(finish)[0] == inf:
             return None
         total, j = min(finish)
         chosen = [j]
-        for m in range(stages - 2, 0, -1):
+        for m in range(self.stages - 2, 0, -1):
             j = back[m][j]
             chosen.append(j)
-        return total, [points[i] for i in reversed(chosen)]
-
-    slowest = solve(None)
-    if slowest is None:
-        raise ValueError(f"the model can be cut into at most {most_stages(cuts)} stage(s)")
-    cheapest = solve(slowest[0] * BALANCE_SLACK + 1e-12)
-    return cheapest[1] if cheapest else slowest[1]
+        return total, [self.points[i] for i in reversed(chosen)]
 
 
 def most_stages(cuts: PipelineCuts) -> int:

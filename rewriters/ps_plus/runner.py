@@ -115,6 +115,22 @@ def _puller(sess, spec: AsyncSpec, shared: _Shared, have: int, timeout_ms: int) 
             shared.cond.notify_all()
 
 
+@dataclasses.dataclass
+class _Trainer:
+    """The trainer thread's state from one step to the next."""
+    sess: object
+    inputs: RunInputs
+    stats: StepStats
+    shared: _Shared
+    fetches: dict
+    timeout_s: Optional[float]
+    copy_version: int               # the global version of the local copy
+    applied: int                    # global version at this rank's last step
+    batch: int = 0                  # examples per step
+    local_step: int = 0
+    losses: List[float] = dataclasses.field(default_factory=list)
+
+
 class AsyncRunner(Runner):
     """Trains with three threads sharing one session (the module's doc)."""
 
@@ -122,108 +138,114 @@ class AsyncRunner(Runner):
         self.loss, self.spec, self.metrics = loss, spec, dict(metrics or {})   # ranks never meet: this rank's
 
     def train(self, sess, inputs: RunInputs, stats: StepStats) -> List[float]:
-        spec, ctx, guard, steps, hooks = self.spec, inputs.ctx, inputs.guard, inputs.steps, inputs.hooks
-        start, timeout_ms = inputs.start, inputs.timeout_ms
+        spec, guard, steps = self.spec, inputs.guard, inputs.steps
         shared = _Shared()
-        timeout_s = timeout_ms / 1000 if timeout_ms else None
-        losses: List[float] = []
-        copy_version = start
+        timeout_s = inputs.timeout_ms / 1000 if inputs.timeout_ms else None
+        copy_version = inputs.start
         with guard("the first pull"):
             if spec.pulls:
                 copy_version = int(sess.run(spec.pulls[0]))
                 sess.run(spec.swaps[0])
         shared.applied_version = shared.seen_version = copy_version
-        threads = [threading.Thread(target=_pusher, args=(sess, spec, shared, timeout_ms), daemon=True,
-                                    name="parallax-pusher")]
-        if spec.pulls:
-            threads.append(threading.Thread(target=_puller, args=(sess, spec, shared, copy_version, timeout_ms),
-                                            daemon=True, name="parallax-puller"))
-        for thread in threads:
-            thread.start()
-        fetches = {"loss": self.loss, "targets": spec.step_targets, "bytes": spec.step_bytes,
-                   "metrics": self.metrics, **self.rows_fetch(inputs)}
+        threads = _start_threads(sess, spec, shared, copy_version, inputs.timeout_ms)
+        fetches = self._step_fetches(inputs)
         stats.loss_scope = "this rank"
-        if ctx.rank == 0 and spec.histogram is not None:    # live, for TensorBoard (PS 0 is in this process)
-            fetches["histogram"] = spec.histogram
-        local_step = 0
-        applied, batch = copy_version, 0     # global version at this rank's last step; examples per step
+        trainer = _Trainer(sess, inputs, stats, shared, fetches, timeout_s, copy_version, applied=copy_version)
         try:
             while True:
                 with guard("taking a step ticket"):
                     if int(sess.run(spec.claim)) > steps:
                         break
-                with shared.cond:
-                    _raise_if_failed(shared, guard)
-                    known = max(shared.applied_version, shared.seen_version) + shared.pending
-                    if known >= steps:
-                        break
-                    lag_target = known - spec.max_staleness
-                    if shared.ready is not None and shared.ready_version < lag_target:
-                        shared.ready = None          # too old to be worth a swap
-                    if spec.pulls and copy_version < lag_target:    # bounded staleness: wait for a fresh pull
-                        with guard(f"waiting for the global values of version {lag_target} "
-                                   f"(--max_staleness={spec.max_staleness})"):
-                            _wait(shared, lambda: shared.ready is not None and shared.ready_version >= lag_target,
-                                  timeout_s, f"a pull of version >= {lag_target}")
-                    elif not spec.pulls and shared.pending > spec.max_staleness:
-                        # nothing pulled: the step reads the servers, which must have this rank's pushes
-                        with guard(f"waiting for this rank's pushes (--max_staleness={spec.max_staleness})"):
-                            _wait(shared, lambda: shared.pending <= spec.max_staleness, timeout_s,
-                                  "this rank's pushes to be applied")
-                    ready, ready_version = shared.ready, shared.ready_version
-                    if ready is not None and ready_version > copy_version:
-                        with guard("swapping in pulled values"):
-                            sess.run(spec.swaps[ready])
-                        copy_version, shared.ready = ready_version, None
-                    fresh = copy_version if spec.pulls else known - shared.pending
-                    shared.copy_lag[max(0, known - fresh)] += 1
-                feeds = self.feeds(inputs, sess, ctx, start + local_step)
-                options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
-                begin = time.perf_counter()
-                with shared.cond:
-                    shared.pending += 1          # counted before it can be applied
-                with guard(f"step {ctx.step}"):
-                    out = sess.run(fetches, feeds, options=options)
-                seconds = time.perf_counter() - begin
-                local_step += 1
-                with shared.cond:
-                    moved, shared.pulled_bytes = int(out["bytes"]) + shared.pulled_bytes, 0
-                    # examples/s counts every rank's steps, as a synchronous run's does: the pushes
-                    # applied cluster-wide since this rank's last step, times its batch
-                    applied, counted = max(shared.applied_version, shared.seen_version), applied
-                batch = self.rows_read(feeds, out)
-                stats.add(seconds, {spec.route: moved}, batch * max(0, applied - counted), loss=float(out["loss"]),
-                          metrics=out["metrics"])
-                if "histogram" in out:
-                    stats.histograms["staleness"] = histogram_by_rank(out["histogram"])
-                loss = float(out["loss"])
-                losses.append(loss)
-                self.check_finite(loss, f"rank {ctx.rank}: the loss", f" at its step {local_step}")
-                done = min(known + 1, steps)
-                # no rank waits for another here, so a checkpoint is rank 0's own decision
-                stats.checkpoint_requested = any(hook.request(done) > 0 for hook in hooks)
-                for hook in hooks:
-                    hook.after_step(done, loss, stats)
+                known = self._fresh_copy(trainer)
+                if known is None:
+                    break
+                self._step(trainer, known)
             with guard("the last pushes"):
                 with shared.cond:
                     _wait(shared, lambda: shared.pending == 0 or shared.error is not None, timeout_s,
                           "this rank's last pushes to be applied")
                     _raise_if_failed(shared, guard)
         finally:
-            with shared.cond:
-                shared.stop = True
-                shared.cond.notify_all()
-            try:
-                sess.run(spec.close_outbox)
-            except tf.errors.OpError:
-                pass
-            for thread in threads:
-                thread.join(timeout_s)
+            _stop_threads(sess, spec, shared, threads, timeout_s)
         with shared.cond:      # the pushes applied after this rank's last step
-            stats.examples += batch * max(0, max(shared.applied_version, shared.seen_version) - applied)
+            stats.examples += trainer.batch * max(0, max(shared.applied_version, shared.seen_version) - trainer.applied)
         stats.extras["staleness"] = dict(sorted(shared.staleness.items()))
         stats.extras["copy_lag"] = dict(sorted(shared.copy_lag.items()))
-        return losses
+        return trainer.losses
+
+    def _step_fetches(self, inputs: RunInputs) -> dict:
+        """What every step runs; on rank 0 also the servers' staleness histogram."""
+        spec = self.spec
+        fetches = {"loss": self.loss, "targets": spec.step_targets, "bytes": spec.step_bytes,
+                   "metrics": self.metrics, **self.rows_fetch(inputs)}
+        if inputs.ctx.rank == 0 and spec.histogram is not None:    # live, for TensorBoard (PS 0 is in this process)
+            fetches["histogram"] = spec.histogram
+        return fetches
+
+    def _fresh_copy(self, trainer: _Trainer) -> Optional[int]:
+        """Brings the local copy within max_staleness of the newest version this rank knows of
+        (waiting for a pull, or for its own pushes when nothing is pulled) and returns that
+        version; None once the pushes applied and in flight reach the steps."""
+        spec, shared, guard, timeout_s = self.spec, trainer.shared, trainer.inputs.guard, trainer.timeout_s
+        with shared.cond:
+            _raise_if_failed(shared, guard)
+            known = max(shared.applied_version, shared.seen_version) + shared.pending
+            if known >= trainer.inputs.steps:
+                return None
+            lag_target = known - spec.max_staleness
+            if shared.ready is not None and shared.ready_version < lag_target:
+                shared.ready = None          # too old to be worth a swap
+            if spec.pulls and trainer.copy_version < lag_target:    # bounded staleness: wait for a fresh pull
+                with guard(f"waiting for the global values of version {lag_target} "
+                           f"(--max_staleness={spec.max_staleness})"):
+                    _wait(shared, lambda: shared.ready is not None and shared.ready_version >= lag_target,
+                          timeout_s, f"a pull of version >= {lag_target}")
+            elif not spec.pulls and shared.pending > spec.max_staleness:
+                # nothing pulled: the step reads the servers, which must have this rank's pushes
+                with guard(f"waiting for this rank's pushes (--max_staleness={spec.max_staleness})"):
+                    _wait(shared, lambda: shared.pending <= spec.max_staleness, timeout_s,
+                          "this rank's pushes to be applied")
+            ready, ready_version = shared.ready, shared.ready_version
+            if ready is not None and ready_version > trainer.copy_version:
+                with guard("swapping in pulled values"):
+                    trainer.sess.run(spec.swaps[ready])
+                trainer.copy_version, shared.ready = ready_version, None
+            fresh = trainer.copy_version if spec.pulls else known - shared.pending
+            shared.copy_lag[max(0, known - fresh)] += 1
+        return known
+
+    def _step(self, trainer: _Trainer, known: int) -> None:
+        """Runs one step, its update counted as pending before it can be applied, and reports it
+        to the statistics and the hooks."""
+        spec, shared, sess, inputs, stats = self.spec, trainer.shared, trainer.sess, trainer.inputs, trainer.stats
+        ctx = inputs.ctx
+        feeds = self.feeds(inputs, sess, ctx, inputs.start + trainer.local_step)
+        options = tf.compat.v1.RunOptions(timeout_in_ms=inputs.timeout_ms)
+        begin = time.perf_counter()
+        with shared.cond:
+            shared.pending += 1          # counted before it can be applied
+        with inputs.guard(f"step {ctx.step}"):
+            out = sess.run(trainer.fetches, feeds, options=options)
+        seconds = time.perf_counter() - begin
+        trainer.local_step += 1
+        with shared.cond:
+            moved, shared.pulled_bytes = int(out["bytes"]) + shared.pulled_bytes, 0
+            # examples/s counts every rank's steps, as a synchronous run's does: the pushes
+            # applied cluster-wide since this rank's last step, times its batch
+            trainer.applied, counted = max(shared.applied_version, shared.seen_version), trainer.applied
+        trainer.batch = self.rows_read(feeds, out)
+        stats.add(seconds, {spec.route: moved}, trainer.batch * max(0, trainer.applied - counted),
+                  loss=float(out["loss"]), metrics=out["metrics"])
+        if "histogram" in out:
+            stats.histograms["staleness"] = histogram_by_rank(out["histogram"])
+        loss = float(out["loss"])
+        trainer.losses.append(loss)
+        self.check_finite(loss, f"rank {ctx.rank}: the loss", f" at its step {trainer.local_step}")
+        done = min(known + 1, inputs.steps)
+        # no rank waits for another here, so a checkpoint is rank 0's own decision
+        stats.checkpoint_requested = any(hook.request(done) > 0 for hook in inputs.hooks)
+        for hook in inputs.hooks:
+            hook.after_step(done, loss, stats)
 
     def final_report(self, sess) -> dict:
         """Once every rank's pushes are in: the servers' count of pushes by rank and staleness, and
@@ -250,3 +272,28 @@ def _raise_if_failed(shared: _Shared, guard) -> None:
     if shared.error is not None:
         with guard("a background push or pull"):
             raise shared.error
+
+
+def _start_threads(sess, spec: AsyncSpec, shared: _Shared, copy_version: int, timeout_ms) -> list:
+    """The pusher, and the puller when the rank pulls, started."""
+    threads = [threading.Thread(target=_pusher, args=(sess, spec, shared, timeout_ms), daemon=True,
+                                name="parallax-pusher")]
+    if spec.pulls:
+        threads.append(threading.Thread(target=_puller, args=(sess, spec, shared, copy_version, timeout_ms),
+                                        daemon=True, name="parallax-puller"))
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _stop_threads(sess, spec: AsyncSpec, shared: _Shared, threads: list, timeout_s) -> None:
+    """Stops the puller, closes the outbox so the pusher ends once it is empty, and joins both."""
+    with shared.cond:
+        shared.stop = True
+        shared.cond.notify_all()
+    try:
+        sess.run(spec.close_outbox)
+    except tf.errors.OpError:
+        pass
+    for thread in threads:
+        thread.join(timeout_s)

@@ -1,0 +1,80 @@
+"""What one rank's training passes between the steps of parallax_tf.api's run (its rewritten
+graph, its session and hooks, what the steps returned) and the Result made from them."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.model import Result
+from parallax_tf.runtime.hooks import Checkpointer, StepTracer
+from parallax_tf.runtime.watchdog import Watchdog
+from parallax_tf.values import StateIO
+
+
+@dataclasses.dataclass
+class RankGraph:
+    """One rank's rewritten graph, finalized, and what reads and writes its state."""
+    graph: tf.Graph
+    dgraph: object
+    state_io: StateIO
+    input_reads: list
+    batch_rows: object
+    on_cpu_instead: Optional[dict]
+
+
+@dataclasses.dataclass
+class RankSession:
+    """The session on a rank's graph and what runs around its steps."""
+    sess: object
+    store: Optional[CheckpointStore]
+    commits: Optional[CheckpointStore]
+    start_values: dict
+    hooks: list
+    checkpointer: Optional[Checkpointer]
+    committer: Optional[Checkpointer]
+    results: list               # the keys of the variables read back at the end
+    tracer: StepTracer
+    watchdog: Optional[Watchdog]
+    alive: Callable
+    guard: Callable
+    read: bool = False          # every rank has read the results: the servers may be reset
+
+
+@dataclasses.dataclass
+class Trained:
+    """What the steps of one rank returned and the state read back after them."""
+    start: int
+    losses: list
+    stats: object
+    wall: float
+    cpu: float
+    variables: dict
+    global_step: int
+    histograms: dict
+
+
+def result(plan, topo, phases: dict, built: RankGraph, ran: RankSession, trained: Trained) -> Result:
+    """The Result of this rank: the state read back, the losses and the step statistics."""
+    stats, wall = trained.stats, trained.wall
+    stats.extras["phases"] = phases
+    if built.on_cpu_instead is not None:
+        stats.extras["ops_without_gpu_kernel"] = built.on_cpu_instead
+    for name, saver in (("checkpoint", ran.checkpointer), ("commit", ran.committer)):
+        if saver is not None and saver.store is not None and saver.seconds:
+            stats.extras[f"{name}_ms"] = [round(s * 1000, 2) for s in saver.seconds]
+            stats.extras[f"{name}_bytes"] = saver.bytes
+    return Result(variables=trained.variables, losses=trained.losses, plan=plan, global_step=trained.global_step,
+                  start_step=trained.start,
+                  wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),
+                  bytes_per_step=stats.mean_bytes(), cluster_bytes_per_step=stats.mean_bytes(cluster=True),
+                  step_times=stats.times,
+                  examples_per_step=stats.examples // max(1, len(stats.times)),
+                  cpu_s_per_step=trained.cpu / max(1, len(stats.times)), step_cpu_s=stats.cpu_times,
+                  lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
+                  checkpoint=ran.checkpointer.last_path if ran.checkpointer else None, extras=stats.extras,
+                  histograms=trained.histograms, lost_ranks=sorted(set(range(topo.size)) - ran.alive()),
+                  metrics=stats.metrics, mean_losses=stats.losses)
