@@ -22,7 +22,7 @@ from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import PlanRequest, make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
-from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepStats, StepTracer, Summaries,
+from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepTracer, Summaries,
                                       format_histogram)
 from parallax_tf.runtime.runner import RunInputs, SyncRunner
 from parallax_tf.runtime.watchdog import Watchdog, launcher_address
@@ -70,7 +70,7 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0,
                      batch_joined=strategy_lib.get(opts.strategy).batch_joined)
     captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, shard_input=opts.shard_input,
-                       **measurements(opts.strategy))
+                       process=cluster.process, **measurements(opts.strategy))
     phases["inspection"] = time.time()
     plan = _agree_on_plan(captured, opts, topo, cluster)
     phases["plan"] = time.time()
@@ -99,6 +99,7 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
             _close_rank_session(opts, cluster, run_id, built, ran)
     phases["results"] = time.time()
     result = rank_run.result(plan, topo, phases, built, ran, trained)
+    result.extras["pool_threads"] = cluster.process.threads      # TF's pools per rank (0: TF's own sizing)
     if topo.is_chief and opts.log_every:
         _print_summary(result, topo.size, trained.stats.loss_scope, _written(opts))
     return result
@@ -137,7 +138,7 @@ def _open_rank_session(opts, cluster, captured, plan, built, user_hooks) -> rank
     start_values = _start_values([store, commits], captured, built.state_io) if topo.is_chief else {}
     remote = session.remote_tasks(built.graph, topo.rank)
     sess = session.open_session(cluster.target, built.graph, topo.rank, opts.timeout_s, remote,
-                                in_process=session.alone(remote, topo.rank, topo.size))
+                                in_process=session.alone(remote, topo.rank, topo.size), process=cluster.process)
     hooks, checkpointer, committer = _hooks(opts, topo, store, commits, built.state_io, sess, plan.global_step_key)
     hooks += user_hooks
     results = list(built.dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
@@ -164,10 +165,9 @@ def _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases) -> ran
     for hook in hooks:
         hook.attach(live)
         hook.begin(start)
-    StepStats.profile_threads_from = opts.profile_threads_from
     began, cpu_began = time.perf_counter(), time.process_time()
     inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, ran.tracer, ran.guard,
-                       opts.timeout_s * 1000, built.batch_rows)
+                       opts.timeout_s * 1000, built.batch_rows, opts.profile_threads_from)
     losses, stats = dgraph.runner.run(sess, inputs)
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     phases["training"] = time.time()

@@ -27,7 +27,7 @@ def main() -> int:
                                                 initializer=tf.compat.v1.zeros_initializer(), use_resource=True)
         with tf.device(topo.worker_device):
             add = counter.assign_add(1.0)
-    config = pool_threads.config(allow_soft_placement=True, operation_timeout_in_ms=60000)
+    config = pool_threads.ProcessConfig().proto(allow_soft_placement=True, operation_timeout_in_ms=60000)
     config.device_filters.extend([topo.worker_device, "/job:worker/task:0"])
     with tf.compat.v1.Session(cluster.target, graph=graph, config=config) as sess:
         if topo.rank == 0:

@@ -148,20 +148,6 @@ def configure(config, choice: Optional[DeviceChoice]) -> None:
         config.gpu_options.per_process_gpu_memory_fraction = choice.memory_fraction
 
 
-_choice: Optional[DeviceChoice] = None
-
-
-def use(choice: DeviceChoice) -> None:
-    """This process's choice, from here on in every ConfigProto (threads.config). TensorFlow
-    fixes a process's GPUs at its first server or session, so this comes before either."""
-    global _choice
-    _choice = choice
-
-
-def current() -> Optional[DeviceChoice]:
-    return _choice
-
-
 def listed_gpus() -> int:
     """The GPUs TensorFlow lists in this process (CUDA_VISIBLE_DEVICES applies; a CPU build: 0)."""
     import tensorflow as tf

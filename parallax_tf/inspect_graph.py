@@ -46,11 +46,12 @@ class CaptureView:
     initializers: list
     evaluate: bool
     time_compute: bool
+    process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()
 
     @contextlib.contextmanager
     def session(self):
         """A session of the capture graph, initialised as a single-device script does."""
-        with tf.compat.v1.Session(graph=self.graph, config=pool_threads.config()) as sess:
+        with tf.compat.v1.Session(graph=self.graph, config=self.process.proto()) as sess:
             _initialise(sess, self.initializers)
             yield sess
 
@@ -77,11 +78,12 @@ def record_get_variable(names: set):
 
 def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
             evaluate: bool = True, time_compute: bool = False, measures: Sequence = (),
-            shard_input: bool = True) -> Capture:
+            shard_input: bool = True, process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()) -> Capture:
     """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
     `time_compute`: times a step; `measures`: a strategy's further measurements (Measure
     objects, parallax_tf.strategy), each given a CaptureView; `shard_input`: tf.data built in
-    model_fn is sharded by ctx (training_graph.build's `shard`)."""
+    model_fn is sharded by ctx (training_graph.build's `shard`); `process`: the pools and
+    device its sessions run with."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
@@ -92,7 +94,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         # input_fn runs on the evaluating rank only: a rank that reads no data (a Stanza FC node)
         # may have no batch to give
         feeds = make_feeds(input_fn, ctx, built.placeholders, graph) if evaluate else {}
-        found = _evaluate(built, feeds, evaluate, time_compute)
+        found = _evaluate(built, feeds, evaluate, time_compute, process)
         state_info = [StateInfo(name=name, shape=list(var.shape), dtype=var.dtype.base_dtype.name,
                                 bytes=int(np.asarray(found.state_values[name]).nbytes),
                                 per_rank=_reads_the_batch(var, training.train_op),
@@ -103,7 +105,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
     initial.update({name: np.asarray(value) for name, value in found.state_values.items()})
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
     view = CaptureView(graph, training, built.groups, {i.name: i.layer for i in infos}, built.state_vars, feeds,
-                       built.initializers, evaluate, time_compute)
+                       built.initializers, evaluate, time_compute, process)
     with graph.as_default():
         measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
@@ -151,7 +153,8 @@ def _model_parts(graph, training, from_get_variable: set) -> _ModelParts:
     return _ModelParts(graph, training, placeholders, initializers, groups, state_vars, from_get_variable)
 
 
-def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: bool) -> _Evaluated:
+def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: bool,
+              process: pool_threads.ProcessConfig) -> _Evaluated:
     """With `evaluate`, the initial values, the rows one batch touches and (`time_compute`) a
     step's time, from a session of the capture graph."""
     groups, state_vars = built.groups, built.state_vars
@@ -161,7 +164,7 @@ def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: boo
     rows: Dict[str, tuple] = {}
     compute_s = None
     if evaluate:
-        with tf.compat.v1.Session(graph=built.graph, config=pool_threads.config()) as sess:
+        with tf.compat.v1.Session(graph=built.graph, config=process.proto()) as sess:
             _initialise(sess, built.initializers)
             values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
                                              state_vars))

@@ -8,12 +8,13 @@ may use (its cgroup's quota, else its CPU affinity), at least one; `tf` keeps TF
 a number sets it. Where a process cannot read its quota, $PARALLAX_HOST_CPUS says it
 (tools.cluster sets it: its `ip netns exec` hides /sys/fs/cgroup).
 
-Every session and server parallax_tf opens takes its pools (and its device, parallax_tf.devices)
-from config(), so the choice is made once per process (use()), when the rank knows how many
-ranks share its host.
+TensorFlow fixes a process's pools (and its GPUs, parallax_tf.devices) at its first server or
+session, so the choice is made once per process, when the rank knows how many ranks share its
+host (runtime.cluster), and travels as a ProcessConfig to every session and server it opens.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Optional
@@ -21,7 +22,6 @@ from typing import Optional
 from parallax_tf.errors import ConfigError
 
 HOST_CPUS_ENV = "PARALLAX_HOST_CPUS"
-_threads = 0        # 0: TF's own sizing
 
 
 def parse(setting: str) -> Optional[int]:
@@ -82,22 +82,18 @@ def _read(directory: str, name: str) -> Optional[str]:
         return None
 
 
-def use(threads: int) -> None:
-    """This process's pool size from now on (0: TF's own)."""
-    global _threads
-    _threads = threads
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+    """What this process's sessions and servers run with: its pools' size (0: TF's own sizing)
+    and its device (a devices.DeviceChoice; None: TF's default)."""
+    threads: int = 0
+    device: Optional[object] = None
 
-
-def current() -> int:
-    return _threads
-
-
-def config(**fields):
-    """A session or server ConfigProto with this process's pool size, its device choice
-    (parallax_tf.devices) and `fields`."""
-    import tensorflow as tf
-    from parallax_tf import devices
-    proto = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=_threads, intra_op_parallelism_threads=_threads,
-                                     **fields)
-    devices.configure(proto, devices.current())
-    return proto
+    def proto(self, **fields):
+        """A session or server ConfigProto with these pools and device, and `fields`."""
+        import tensorflow as tf
+        from parallax_tf import devices
+        proto = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=self.threads,
+                                         intra_op_parallelism_threads=self.threads, **fields)
+        devices.configure(proto, self.device)
+        return proto

@@ -168,7 +168,7 @@ def test_gpu_ranks_compute_on_their_gpu_and_keep_ps_state_on_the_cpu(placed, str
             assert where[name] == (rank, "GPU"), (rank, name, where[name])
         assert sum(kind == "GPU" and task == rank for task, kind in where.values()) > 100
     if strategy == "stanza":     # the FC node's layers are on its own GPU
-        fc_rank = plan["split"]["fc_ranks"][0]
+        fc_rank = plan["section"]["fc_ranks"][0]
         assert where_of(placed[strategy]["ranks"][fc_rank], "fc1/kernel") == f"/job:worker/task:{fc_rank}/device:GPU:0"
 
 

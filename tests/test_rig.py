@@ -268,12 +268,11 @@ def test_sweep_alternates_its_runs_and_compares_their_means(monkeypatch):
         sweep.run_cell(run, "lm", 2, "1gbit", ["auto"], 0)
 
 
-def test_cpu_per_thread_name_from_a_given_step(monkeypatch):
+def test_cpu_per_thread_name_from_a_given_step():
     import time
     from parallax_tf.runtime import thread_cpu
     from parallax_tf.runtime.hooks import StepStats
-    monkeypatch.setattr(StepStats, "profile_threads_from", 1)
-    stats = StepStats()
+    stats = StepStats(profile_threads_from=1)
     stats.add(0.1, {}, 1)                    # step 1 completed: counting starts here
     began = time.process_time()
     while time.process_time() - began < 0.3:  # this (main) thread burns 0.3 s of CPU in "step 2"
@@ -282,7 +281,6 @@ def test_cpu_per_thread_name_from_a_given_step(monkeypatch):
     per_step = stats.thread_cpu_per_step()
     assert 0.2 <= per_step["main"] <= 0.6, per_step
     assert sum(stats.cpu_times) >= 0.3                       # process CPU per step, all threads
-    monkeypatch.setattr(StepStats, "profile_threads_from", -1)
     assert StepStats().thread_cpu_per_step() == {}           # off by default
     assert ("main" in {name for _, name in thread_cpu.snapshot()})
 

@@ -29,26 +29,29 @@ STALE_RUNS_CAP = 4
 
 def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_threads_from: int = -1) -> dict:
     """`profile_threads_from`: from this step on, CPU per thread name (thread_cpu_s_per_step)."""
-    StepStats.profile_threads_from = profile_threads_from
     # TF's pools sized as parallax_tf sizes its own (--threads), so the comparison is of the
     # strategies, not of thread counts
     if name == "single":
-        pool_threads.use(pool_threads.choose(flags.FLAGS.threads, 1))
-        return _single(model_fn, input_fn, steps, seed)
+        process = pool_threads.ProcessConfig(pool_threads.choose(flags.FLAGS.threads, 1))
+        return {**_single(model_fn, input_fn, steps, seed, process, profile_threads_from),
+                "pool_threads": process.threads}
     cluster = start_cluster(None, None, threads=flags.FLAGS.threads, host_job="ps" if name == "tf_ps" else None)
     topo = cluster.topology
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)
     if name in ("horovod", "horovod_dense"):
-        return _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense=name == "horovod_dense")
+        return {"pool_threads": cluster.process.threads,
+                **_horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense=name == "horovod_dense",
+                           process=cluster.process, profile_from=profile_threads_from)}
     if name == "tf_ps":
-        return _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster)
+        return {"pool_threads": cluster.process.threads,
+                **_tf_ps(model_fn, input_fn, steps, seed, ctx, cluster, profile_threads_from)}
     raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
 
 
-def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None):
+def _loop(sess_run, graph, model, input_fn, ctx, steps, before_barrier=None, profile_from=-1):
     """Runs `steps` steps, or until `sess_run` returns False (it ran its last step)."""
     placeholders = needed_placeholders(model.loss)
-    stats, examples = StepStats(), 0     # times, CPU per step and per thread as parallax_tf counts them
+    stats, examples = StepStats(profile_from), 0     # times, CPU per step and per thread as parallax_tf counts them
     link_before = link_counters.read() if ctx.local_rank == 0 else None
     for step in range(steps):
         ctx.step = step
@@ -100,19 +103,20 @@ def _initialise(sess) -> None:
               tf.compat.v1.tables_initializer()])
 
 
-def _single(model_fn, input_fn, steps, seed):
+def _single(model_fn, input_fn, steps, seed, process, profile_from):
     graph = tf.Graph()
     ctx = RunContext()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
         model = call_model_fn(model_fn, ctx)
         train = model.train_op if model.train_op is not None else model.optimizer.minimize(model.loss)
-        sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
+        sess = tf.compat.v1.Session(graph=graph, config=process.proto())
         _initialise(sess)
-    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps,
+                 profile_from=profile_from)
 
 
-def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
+def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense, process, profile_from):
     import horovod.tensorflow as hvd
     graph = tf.Graph()
     with graph.as_default():
@@ -129,13 +133,14 @@ def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense):
         else:
             train = hvd.DistributedOptimizer(model.optimizer, sparse_as_dense=sparse_as_dense).minimize(model.loss)
         broadcast = hvd.broadcast_global_variables(0)
-        sess = tf.compat.v1.Session(graph=graph, config=pool_threads.config())
+        sess = tf.compat.v1.Session(graph=graph, config=process.proto())
         _initialise(sess)
         sess.run(broadcast)
-    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps)
+    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps,
+                 profile_from=profile_from)
 
 
-def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
+def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster, profile_from):
     import horovod.tensorflow as hvd
     num_ps = len(cluster.spec["ps"])
     graph = tf.Graph()
@@ -168,7 +173,7 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
         # worker's own step count is not the aggregation count: tokens go to whoever asks first)
         hooks = [optimizer.make_session_run_hook(ctx.rank == 0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
     # SyncReplicasOptimizer can wait forever for a gradient that never comes; bound every wait
-    config = pool_threads.config(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
+    config = cluster.process.proto(device_filters=["/job:ps", f"/job:worker/task:{ctx.rank}"],
                                  operation_timeout_in_ms=120_000)
 
     def open_session():
@@ -198,7 +203,7 @@ def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster):
     # aggregation drops as stale does not count, so a worker may need more runs than steps
     # (the cap only bounds a broken run).
     return _loop(step, graph, model, input_fn, ctx, STALE_RUNS_CAP * steps,
-                 before_barrier=sess.close if ctx.rank == 0 else None)
+                 before_barrier=sess.close if ctx.rank == 0 else None, profile_from=profile_from)
 
 
 class _OneApply(tf.compat.v1.train.Optimizer):

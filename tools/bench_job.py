@@ -9,7 +9,6 @@ import numpy as np
 from absl import app, flags
 
 import parallax_tf as ptf
-from parallax_tf import threads as pool_threads
 from tools import baselines, link_counters
 from tools.shared import model_and_input
 
@@ -77,6 +76,7 @@ def train_and_measure() -> dict:
         result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
                          profile_threads_from=FLAGS.warmup, hooks=[link])
         figures = {"thread_cpu_s_per_step": result.extras.get("thread_cpu_s_per_step", {}),
+                   "pool_threads": result.extras.get("pool_threads"),
                    "step_times": result.step_times, "link_bytes": link.moved,
                    "examples_per_step": result.examples_per_step, "step_cpu_s": result.step_cpu_s}
         reported = float(sum(result.bytes_per_step.values()))
@@ -96,7 +96,7 @@ def train_and_measure() -> dict:
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
               "cpu_s_per_step": float(np.mean(cpu)) if cpu else None, **figures.get("wall", {}),
-              "pool_threads": pool_threads.current(),
+              "pool_threads": figures.get("pool_threads"),
               "losses": figures.get("losses"), "thread_cpu_s_per_step": figures.get("thread_cpu_s_per_step"),
               "reported_bytes_per_step": reported, "lower_bound_bytes_per_step": lower,
               # counters cover warm-up steps too: spread over all steps

@@ -46,7 +46,8 @@ def _rate(times, examples_per_step):
 def _single(model_fn, input_fn):
     """What a user's single-device script does, with parallax_tf's thread pool size and seed."""
     quiet.apply(FLAGS.verbose)            # TF's deprecation notes, as parallax_tf.run silences them
-    pool_threads.use(pool_threads.choose(FLAGS.threads, 1))   # parallax_tf's pool size: threads are no difference
+    # parallax_tf's pool size: threads are no difference
+    process = pool_threads.ProcessConfig(pool_threads.choose(FLAGS.threads, 1))
     graph, ctx = tf.Graph(), ptf.RunContext(0, 1, 0, 1, 0)
     with graph.as_default():
         # parallax_tf builds model_fn under this graph seed: ops seeded only by it (and op seeds,
@@ -58,7 +59,7 @@ def _single(model_fn, input_fn):
             with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
                 train = model.optimizer.minimize(model.loss, global_step=tf.compat.v1.train.get_global_step())
         # (no device chosen in this process: memory grows as needed, parallax_tf.devices.configure)
-        with tf.compat.v1.Session(graph=graph, config=pool_threads.config()) as sess:
+        with tf.compat.v1.Session(graph=graph, config=process.proto()) as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
                       tf.compat.v1.tables_initializer()])
             placeholders, times, examples = needed_placeholders(model.loss), [], 0

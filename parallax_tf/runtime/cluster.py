@@ -32,6 +32,8 @@ class Cluster:
     worker_server: object
     host_server: Optional[object]     # the task of `host_job` this process serves, if any
     devices: Optional[str] = None     # what GPU ranks compute on (devices.summary); None on the CPU
+    # the pools and device of every session and server of this process
+    process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()
 
     @property
     def target(self) -> str:
@@ -64,7 +66,6 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     choice = devices.choose(hvd.local_rank(), hvd.local_size(), devices.listed_gpus(), device_request, cuda_visible)
-    devices.use(choice)                     # before this process's first server or session
     peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank(),
                                   "device": choice.device_type, "gpu": devices.physical_id(choice, cuda_visible)})
     devices.check_agreement(peers, device_request.share)
@@ -74,7 +75,8 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
             hosts.append(peer["host"])
     if address in bind.WILDCARDS:           # listening everywhere; peers need a real address
         address = "127.0.0.1" if len(hosts) == 1 else _address_of(host_name)
-    pool_threads.use(pool_threads.choose(threads, hvd.local_size()))
+    # before this process's first server or session
+    process = pool_threads.ProcessConfig(pool_threads.choose(threads, hvd.local_size()), choice)
     want = 2 if host_job and hvd.local_rank() == 0 else 1
     ports = free_ports(address, want, base_port, hvd.local_rank())
     bind.announce_ports(ports)
@@ -88,14 +90,15 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
                         local_size=hvd.local_size(), host=hosts.index(host_name),
                         ranks_per_host=[sum(p["host"] == h for p in everyone) for h in hosts],
                         device_type=choice.device_type)
-    worker = _server(spec, "worker", hvd.rank(), mine["worker"])
-    host_server = _server(spec, host_job, hosts.index(host_name), mine["host_task"]) if mine["host_task"] else None
+    worker = _server(spec, "worker", hvd.rank(), mine["worker"], process)
+    host_server = _server(spec, host_job, hosts.index(host_name), mine["host_task"], process) \
+        if mine["host_task"] else None
     hvd.allgather_object(True)  # every server is up before anyone opens a session
     if verbose or os.environ.get("PARALLAX_PRINT_ADDRESSES") == "1":   # tests read the ports from it
         print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
               + (f", {host_job} {mine['host_task']}" if mine["host_task"] else ""), file=sys.stderr, flush=True)
     _CLUSTER = Cluster(topology, spec, worker, host_server,
-                       devices.summary(choice, bool(hvd.nccl_built()), bool(hvd.cuda_built())))
+                       devices.summary(choice, bool(hvd.nccl_built()), bool(hvd.cuda_built())), process)
     return _CLUSTER
 
 
@@ -138,10 +141,10 @@ def free_ports(address: str, count: int, base: Optional[int], local_rank: int = 
     return ports
 
 
-def _server(spec, job: str, task: int, address: str):
+def _server(spec, job: str, task: int, address: str, process: pool_threads.ProcessConfig):
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=task,
-                                    protocol="grpc", config=pool_threads.config(), start=True)
+                                    protocol="grpc", config=process.proto(), start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError) as err:
         raise ClusterError(f"could not start the {job} server on {address}: {err.message}. "
                            "Another process may have taken the port; pass --port to choose a range") from None

@@ -17,14 +17,13 @@ from parallax_tf.runtime import thread_cpu
 
 
 class StepStats:
-    # from this many completed steps on, CPU per thread name is counted (--profile_threads_from)
-    profile_threads_from = -1
-
-    def __init__(self):
+    def __init__(self, profile_threads_from: int = -1):
+        # from this many completed steps on, CPU per thread name is counted (--profile_threads_from)
+        self.profile_threads_from = profile_threads_from
         self.times: List[float] = []
         self.cpu_times: List[float] = []                # this process's CPU (all threads) per step
         self._cpu_mark = time.process_time()
-        if StepStats.profile_threads_from == 0:
+        if profile_threads_from == 0:
             self._threads, self._threads_from = thread_cpu.snapshot(), 0
         self.bytes: Dict[str, List[int]] = {}           # this rank's
         self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together, from the 2nd step (a step
@@ -51,7 +50,7 @@ class StepStats:
         now = time.process_time()
         self.cpu_times.append(now - self._cpu_mark)
         self._cpu_mark = now
-        if len(self.times) == StepStats.profile_threads_from:
+        if len(self.times) == self.profile_threads_from:
             self._threads, self._threads_from = thread_cpu.snapshot(), len(self.times)
         self.examples += examples
         self.lower_bound.append(int(lower_bound))

@@ -37,6 +37,7 @@ class RunInputs:
     # the batch dimension of what the step reads from tf.data (None: no iterator read); fed
     # batches are counted from the feed
     batch_rows: object = None
+    profile_threads_from: int = -1   # from this many completed steps on, CPU per thread name is counted
 
     def data_ctx(self, rank: int, size: int) -> RunContext:
         """The context input_fn sees when this rank reads shard `rank` of `size`."""
@@ -47,7 +48,7 @@ class Runner:
     """Shared base. A subclass implements `train(session, inputs, stats)` and returns the losses."""
 
     def run(self, session, inputs: RunInputs):
-        stats = StepStats()
+        stats = StepStats(inputs.profile_threads_from)
         try:
             losses = self.train(session, inputs, stats)
         finally:

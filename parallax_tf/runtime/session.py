@@ -33,7 +33,8 @@ def alone(remote: List[str], rank: int, size: int) -> bool:
     return not remote and not any(f"/job:worker/task:{rank}" in other for other in everyone)
 
 
-def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str], in_process: bool = False):
+def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str], in_process: bool = False,
+                 process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()):
     """`in_process` (see alone()): a direct session of this process, not one through the gRPC
     master. (lm, 2 hosts, 1 Gbit: Horovod's own baseline run through its server's target takes
     9.5-10.3 ms a step instead of 6.7-7.7.) Its devices are the process's own, so the graph's
@@ -41,7 +42,7 @@ def open_session(target: str, graph, rank: int, timeout_s: int, remote: List[str
     # Soft placement settles what TF's own gradient code colocates with a PS variable while we
     # asked for the worker (zeros for a variable read inside a while loop), as TF1's
     # MonitoredTrainingSession does; every op is still placed explicitly by the rewriter.
-    config = pool_threads.config(allow_soft_placement=True, operation_timeout_in_ms=timeout_s * 1000)
+    config = process.proto(allow_soft_placement=True, operation_timeout_in_ms=timeout_s * 1000)
     if in_process:
         placement.drop_placements(graph)
         return tf.compat.v1.Session("", graph=graph, config=config)
