@@ -22,13 +22,13 @@ import tensorflow as tf
 # iterator (Iterator.from_structure) is bound to a dataset by the third.
 from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
+from parallax_tf import graph_walk
+
 _PATCHED = ((dataset_ops.DatasetV1, "_make_one_shot_iterator"),
             (dataset_ops.DatasetV1, "_make_initializable_iterator"),
             (iterator_ops.Iterator, "make_initializer"))
 _RESOURCE = "_iterator_resource"          # an iterator_ops.Iterator's resource tensor
 
-_READS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"}
-_FEEDABLE = {"IteratorFromStringHandle", "IteratorFromStringHandleV2"}   # model_init refuses these
 # iterator names already warned about in this process: model_fn runs at inspection and again
 # at each rewrite, and one warning says it all
 _WARNED: set = set()
@@ -57,12 +57,10 @@ class Scope:
         if not self.active or self.ctx.rank != 0:
             return
         for op in sorted(needed, key=lambda o: o.name):
-            if op.type not in _READS:
+            if op.type not in graph_walk.ITERATOR_READ_OPS:
                 continue
-            source = op.inputs[0].op
-            while source.type in ("Identity", "Enter") and source.inputs:
-                source = source.inputs[0].op
-            if source.type in _FEEDABLE or source.name in self.made or source.name in _WARNED:
+            source = graph_walk.feeding_op(op.inputs[0], graph_walk.HANDLE_PASS_THROUGH_OPS)
+            if source.type in graph_walk.FEEDABLE_ITERATOR_OPS or source.name in self.made or source.name in _WARNED:
                 continue
             _WARNED.add(source.name)
             print(f"parallax_tf: warning: the tf.data iterator {source.name!r} was not made by make_one_shot_iterator/"

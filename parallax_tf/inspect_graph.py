@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import model_init, training_graph
+from parallax_tf import graph_walk, model_init, training_graph
 from parallax_tf.captured import Capture, StateInfo, VariableInfo
 from parallax_tf.errors import ModelError
 from parallax_tf.feeds import make_feeds
@@ -24,13 +24,6 @@ _CONV_OPS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
 _MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}
 _GATHER_OPS = {"Gather", "GatherV2", "ResourceGather"}
 _NORM_OPS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "BatchNormWithGlobalNormalization"}
-_PASS_THROUGH = {"Identity", "ReadVariableOp", "Cast", "Enter", "Switch", "Merge", "Reshape",
-                 "ConcatV2", "Split", "SplitV", "Transpose"}
-WRITE_OPS = {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-              "AssignSubVariableOp", "ScatterUpdate", "ScatterAdd", "ScatterSub", "ScatterMul",
-              "ScatterDiv", "ScatterNdUpdate", "ScatterNdAdd", "ResourceScatterUpdate",
-              "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul",
-              "ResourceScatterDiv", "ResourceScatterNdUpdate", "ResourceScatterNdAdd"}
 
 
 @dataclasses.dataclass
@@ -100,7 +93,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                                 per_rank=_reads_the_batch(var, training.train_op),
                                 layer=_state_layer(var, training))
                       for name, var in built.state_vars.items()]
-        forward = training_graph.ancestors(training.loss.op)
+        forward = graph_walk.ancestors(training.loss.op)
     infos, initial = _describe_variables(built, found, forward)
     initial.update({name: np.asarray(value) for name, value in found.state_values.items()})
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
@@ -141,7 +134,7 @@ def _model_parts(graph, training, from_get_variable: set) -> _ModelParts:
     if not trainable:
         raise ModelError("model_fn created no trainable variables: there is nothing to train")
     _check_no_outside_writes(graph, trainable, training.created_by_optimizers())
-    placeholders = training_graph.needed_placeholders(training.train_op, training.loss)
+    placeholders = graph_walk.needed_placeholders(training.train_op, training.loss)
     initializers = model_init.initializers(graph, [training.train_op])
     raw = training.raw_gradients()
     applied = training.applied()
@@ -168,7 +161,7 @@ def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: boo
             _initialise(sess, built.initializers)
             values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
                                              state_vars))
-            rows = _rows_touched(sess, groups, feeds, training_graph.ancestors(built.training.loss.op))
+            rows = _rows_touched(sess, groups, feeds, graph_walk.ancestors(built.training.loss.op))
             if time_compute:
                 compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
                                        feeds)
@@ -215,18 +208,15 @@ def _state_variables(training, trainable) -> Dict[str, tf.Variable]:
     return out
 
 
-_INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
-
-
 def _reads_the_batch(var, train_op) -> bool:
     """Whether the train op updates `var` from this rank's data (then ranks' copies differ): the
     value it writes is computed from the input (an EMA of weights, written after the apply,
     depends on the batch by control only and is the same on every rank)."""
     target = training_graph.storage(var).name
-    needed = training_graph.ancestors(train_op)
+    needed = graph_walk.ancestors(train_op)
     for op in needed:
-        if op.type in WRITE_OPS and op.inputs and op.inputs[0].name == target:
-            if any(a.type in _INPUT_OPS for a in training_graph.ancestors(op, data_only=True)):
+        if op.type in graph_walk.WRITE_OPS and op.inputs and op.inputs[0].name == target:
+            if any(a.type in graph_walk.INPUT_OPS for a in graph_walk.ancestors(op, data_only=True)):
                 return True
     return False
 
@@ -246,7 +236,8 @@ def _check_no_outside_writes(graph, trainable, optimizer_ops: set) -> None:
     targets = {_storage(v).name: v for v in trainable}
     initializers = {v.initializer.name for v in trainable}
     for op in graph.get_operations():
-        if op.type in WRITE_OPS and op.name not in initializers and op.name not in optimizer_ops and op.inputs:
+        if op.type in graph_walk.WRITE_OPS and op.name not in initializers and op.name not in optimizer_ops \
+                and op.inputs:
             var = targets.get(op.inputs[0].name)
             if var is not None:
                 raise ModelError(f"variable {logical_name(var)!r} is changed outside the optimizer by op "
@@ -298,20 +289,7 @@ def _time_step(sess, grads, feeds, warmups: int = 2, repeats: int = 7) -> float:
 
 def _consumers(variable):
     """Ops that use the variable's value, looking through reads, casts and loop plumbing."""
-    frontier, seen, found = [_storage(variable)], set(), []
-    for _ in range(6):
-        nxt = []
-        for tensor in frontier:
-            for op in tensor.consumers():
-                if op.name in seen:
-                    continue
-                seen.add(op.name)
-                if op.type in _PASS_THROUGH:
-                    nxt.extend(op.outputs)
-                else:
-                    found.append(op)
-        frontier = nxt
-    return found
+    return graph_walk.users(_storage(variable), graph_walk.WEIGHT_PASS_THROUGH_OPS, max_depth=6)
 
 
 KERAS_LAYER_KINDS = {
@@ -324,7 +302,7 @@ KERAS_LAYER_KINDS = {
     "SimpleRNN": "recurrent", "SimpleRNNCell": "recurrent", "ConvLSTM2D": "recurrent", "ConvLSTM2DCell": "recurrent",
 }
 _COMBINING_OPS = _MATMUL_OPS | {"Mul", "Add", "AddV2", "BiasAdd"}
-_SHAPING_OPS = _PASS_THROUGH | {"Slice", "StridedSlice", "ExpandDims", "Squeeze"}
+_SHAPING_OPS = graph_walk.WEIGHT_PASS_THROUGH_OPS | {"Slice", "StridedSlice", "ExpandDims", "Squeeze"}
 
 
 def _layer_kind(parts, gradient: str, keras_layers: Dict[str, str], forward: set) -> str:
@@ -357,7 +335,7 @@ def _reused_in_sequence(ops) -> bool:
     if len(ops) < 2:
         return False
     last = max(ops, key=lambda op: op._id)
-    earlier = training_graph.ancestors(last)
+    earlier = graph_walk.ancestors(last)
     return any(op in earlier for op in ops if op is not last)
 
 
@@ -365,21 +343,11 @@ def _feeds_output_layer(gather, forward: set) -> bool:
     """The gathered rows meet activations (a tensor computed through a MatMul or convolution)
     rather than another parameter: the rows are output-layer weights (sampled softmax), not an
     input embedding."""
-    frontier, seen = [gather.outputs[0]], set()
-    while frontier:
-        tensor = frontier.pop()
-        for op in tensor.consumers():
-            if op.name in seen or op not in forward:
-                continue
-            seen.add(op.name)
-            if op.type in _SHAPING_OPS:
-                frontier.extend(op.outputs)
-            elif op.type in _COMBINING_OPS:
-                others = [t for t in op.inputs if t is not tensor]
-                if any(_is_activation(t) for t in others):
-                    return True
+    for op, tensor in graph_walk.reads_of(gather.outputs[0], _SHAPING_OPS, within=forward):
+        if op.type in _COMBINING_OPS and any(_is_activation(t) for t in op.inputs if t is not tensor):
+            return True
     return False
 
 
 def _is_activation(tensor) -> bool:
-    return any(op.type in _MATMUL_OPS | _CONV_OPS for op in training_graph.ancestors(tensor.op))
+    return any(op.type in _MATMUL_OPS | _CONV_OPS for op in graph_walk.ancestors(tensor.op))

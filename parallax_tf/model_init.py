@@ -17,13 +17,13 @@ from typing import Iterable, List
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
-from parallax_tf.training_graph import MODEL_INIT_OPS, ancestors, needed_placeholders
+from parallax_tf.graph_walk import (FEEDABLE_ITERATOR_OPS, ITERATOR_OPS, ITERATOR_READ_OPS, ancestors,
+                                    needed_placeholders)
+from parallax_tf.training_graph import MODEL_INIT_OPS
 
 INITIALIZER_OPS = {"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
                    "InitializeTableFromTextFileV2", "InitializeTableFromDataset", "LookupTableImport",
                    "LookupTableImportV2", "MakeIterator"}
-_ITERATOR_READS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"}
-_STRING_HANDLE_ITERATORS = {"IteratorFromStringHandle", "IteratorFromStringHandleV2"}
 
 
 def declared(graph) -> List[tf.Operation]:
@@ -62,7 +62,7 @@ def initializers(graph, step: Iterable) -> List[tf.Operation]:
 def input_reads(graph, step: Iterable) -> List[tf.Operation]:
     """The iterator reads (GetNext) the step runs: one batch each per step."""
     needed = _needed(step)
-    return sorted((op for op in needed if op.type in _ITERATOR_READS), key=lambda o: o._id)
+    return sorted((op for op in needed if op.type in ITERATOR_READ_OPS), key=lambda o: o._id)
 
 
 def batch_rows(reads: List[tf.Operation]):
@@ -79,15 +79,14 @@ def _iterators_read(needed: set) -> List[tf.Operation]:
     """The iterator resources the needed GetNext ops read."""
     found = []
     for op in sorted(needed, key=lambda o: o._id):
-        if op.type in _STRING_HANDLE_ITERATORS:
+        if op.type in FEEDABLE_ITERATOR_OPS:
             raise ModelError(f"the loss reads a feedable iterator ({op.name!r}, Iterator.from_string_handle), whose "
                              "handle must be fed at every step; parallax_tf drives the input itself. Use "
                              "tf.compat.v1.data.make_initializable_iterator(ds) or make_one_shot_iterator(ds), "
                              "or feed batches through placeholders and input_fn")
-        if op.type in _ITERATOR_READS:
+        if op.type in ITERATOR_READ_OPS:
             source = op.inputs[0].op
-            if source.type in ("Iterator", "IteratorV2", "AnonymousIterator", "AnonymousIteratorV2") \
-                    and source not in found:
+            if source.type in ITERATOR_OPS and source not in found:
                 found.append(source)
     return found
 

@@ -23,6 +23,7 @@ from parallax_tf.errors import ModelError
 from parallax_tf.keras_support import (creating_layer, describe_optimizer, is_legacy_keras_optimizer,
                                        keras_constants_stay_in_the_graph, legacy_keras_optimizer_class,
                                        new_keras_optimizer_class)
+from parallax_tf.graph_walk import VARIABLE_OPS, ancestors, needed_placeholders
 from parallax_tf.model import Model, RunContext, check_metrics
 
 # The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
@@ -71,7 +72,7 @@ class Training:
                     continue
                 if isinstance(x, tf.Variable):
                     found[x.op.name] = (grad, call)
-                elif isinstance(x, tf.Tensor) and x.op.type in ("VariableV2", "Variable", "VarHandleOp"):
+                elif isinstance(x, tf.Tensor) and x.op.type in VARIABLE_OPS:
                     found[x.op.name] = (grad, call)    # a ref variable's ref (compute_gradients)
         return found
 
@@ -331,32 +332,3 @@ def _as_operation(op) -> tf.Operation:
     if isinstance(op, (list, tuple)):
         return tf.group(*op)
     raise ModelError(f"train_op is a {type(op).__name__}; pass the tf.Operation your training step runs")
-
-
-def needed_placeholders(*targets) -> List[str]:
-    """Names of the placeholders `targets` (ops or tensors) need fed."""
-    seen, stack, found = set(), [t if isinstance(t, tf.Operation) else t.op for t in targets], []
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op.type == "Placeholder":
-            found.append(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return sorted(found)
-
-
-def ancestors(op, data_only: bool = False) -> set:
-    """Every op `op` depends on (data and control, or data only)."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(t.op for t in current.inputs)
-        if not data_only:
-            stack.extend(current.control_inputs)
-    return seen

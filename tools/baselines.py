@@ -17,10 +17,11 @@ from absl import flags
 from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
 from parallax_tf import threads as pool_threads
 from parallax_tf.feeds import batch_size, make_feeds
+from parallax_tf.graph_walk import needed_placeholders
 from parallax_tf.model import RunContext
 from parallax_tf.runtime.cluster import start_cluster
 from parallax_tf.runtime.hooks import StepStats
-from parallax_tf.training_graph import call_model_fn, needed_placeholders
+from parallax_tf.training_graph import call_model_fn
 from tools import link_counters
 
 BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")

@@ -20,8 +20,9 @@ from absl import app, flags
 
 from parallax_tf import threads as pool_threads
 from parallax_tf.feeds import batch_size, make_feeds
+from parallax_tf.graph_walk import needed_placeholders
 from parallax_tf.runtime import quiet
-from parallax_tf.training_graph import call_model_fn, needed_placeholders
+from parallax_tf.training_graph import call_model_fn
 from tools.shared import model_and_input
 
 flags.DEFINE_list("models", ["lm", "cnn"], "Reference models to compare.")

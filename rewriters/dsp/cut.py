@@ -20,9 +20,8 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from parallax_tf import training_graph
+from parallax_tf import graph_walk, training_graph
 
-INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 _GRADIENT_OP = re.compile(r".*gradients(?:_\d+)?/(.+?)_grad/")
 
 
@@ -50,7 +49,7 @@ class PipelineCuts:
 def find(loss: tf.Tensor, parts: Dict[str, list], op_seconds: Dict[str, float]) -> PipelineCuts:
     """`parts`: logical name -> the variables holding it; `op_seconds`: op name -> seconds of one
     captured step (see `op_times`)."""
-    forward = training_graph.ancestors(loss.op, data_only=True)
+    forward = graph_walk.ancestors(loss.op, data_only=True)
     storage = {training_graph.storage(v).name: name for name, variables in parts.items() for v in variables}
     reads = {op: _variables_of(op, storage) for op in forward}
     total_fwd, total_bwd = _seconds(forward, op_seconds)
@@ -72,9 +71,9 @@ def find(loss: tf.Tensor, parts: Dict[str, list], op_seconds: Dict[str, float]) 
 def _check(tensor, forward: set, reads: dict, op_seconds):
     """(why not, None) or (None, the cut point); (None, None) for tensors that are not
     activations at all (nothing to explain)."""
-    below = training_graph.ancestors(tensor.op, data_only=True)
+    below = graph_walk.ancestors(tensor.op, data_only=True)
     below_vars = set().union(*(reads[op] for op in below))
-    from_input = any(op.type in INPUT_OPS for op in below)
+    from_input = any(op.type in graph_walk.INPUT_OPS for op in below)
     if not below_vars or not from_input:
         return None, None
     above = forward - below
@@ -88,8 +87,8 @@ def _check(tensor, forward: set, reads: dict, op_seconds):
         return f"variable {shared[0]!r} is read both below and above it", None
     for op in sorted(above, key=lambda o: o._id):
         for t in op.inputs:
-            if t.op in below and t is not tensor and t.dtype != tf.resource and t.op.type not in INPUT_OPS:
-                if any(reads[a] for a in training_graph.ancestors(t.op, data_only=True)):
+            if t.op in below and t is not tensor and t.dtype != tf.resource and t.op.type not in graph_walk.INPUT_OPS:
+                if any(reads[a] for a in graph_walk.ancestors(t.op, data_only=True)):
                     return (f"{op.name!r} above it also reads {t.name!r}, another activation from below "
                             "(a skip connection): a stage boundary must cross exactly one activation"), None
     dims = tensor.shape.as_list()

@@ -27,15 +27,15 @@ import tensorflow as tf
 
 from parallax_tf import ops as compiled
 from parallax_tf.errors import ModelError
+from parallax_tf.graph_walk import INPUT_OPS, ancestors
 from parallax_tf.plan import ROUTE_LOCAL
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.strategy import BuildRequest, DistributedGraph
-from rewriters.dsp.cut import INPUT_OPS
 from rewriters.dsp.pipeline import ROUTE_STAGE
 from rewriters.dsp.runner import PipelineRunner
 from rewriters.shared import exchange, graph_copy
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
-from rewriters.shared.rebuild import advancing_global_step, ancestors, rebuild
+from rewriters.shared.rebuild import advancing_global_step, rebuild
 from rewriters.shared.step_report import tensor_bytes
 
 

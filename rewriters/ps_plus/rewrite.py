@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from parallax_tf import ops, training_graph
 from parallax_tf.errors import ModelError
-from parallax_tf.inspect_graph import WRITE_OPS, logical_name
+from parallax_tf.graph_walk import WRITE_OPS, ancestors
+from parallax_tf.inspect_graph import logical_name
 from parallax_tf.plan import ROUTE_LOCAL, TOOLKIT_GLOBAL_STEP
 from parallax_tf.runtime.barriers import ArrivalBarrier
 from parallax_tf.strategy import BuildRequest, DistributedGraph
@@ -32,7 +33,7 @@ from rewriters.ps_plus.options import PSPlusOptions
 from rewriters.ps_plus.route import ROUTE_ASYNC_PS
 from rewriters.ps_plus.runner import STALENESS_BUCKETS, AsyncRunner, AsyncSpec
 from rewriters.shared import transform as transform_lib
-from rewriters.shared.rebuild import ancestors, rebuild
+from rewriters.shared.rebuild import rebuild
 from rewriters.shared.step_report import tensor_bytes
 
 _OPTIMIZERS = {tf.compat.v1.train.GradientDescentOptimizer: "sgd", tf.compat.v1.train.MomentumOptimizer: "momentum",

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf.training_graph import ancestors
+from parallax_tf.graph_walk import ancestors
 
 
 def copy_between(replace: Dict[str, tf.Tensor], outputs: List[tf.Tensor], suffix: str) -> List[tf.Tensor]:

@@ -8,28 +8,22 @@ from typing import Dict
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
-from parallax_tf.inspect_graph import WRITE_OPS
-from parallax_tf.training_graph import ancestors as training_graph_ancestors
+from parallax_tf.graph_walk import (HANDLE_PASS_THROUGH_OPS, RESOURCE_VARIABLE_OPS, WRITE_OPS, ancestors, feeding_op,
+                                    reachable)
 
 _APPLY_PREFIXES = ("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply")
 # Inputs of a dropped op that are themselves nothing to wait for (a constant, a variable's
 # handle), only their own control inputs are: across tasks every control edge is a message.
-_STATELESS_SOURCES = {"Const", "VarHandleOp"}
+_STATELESS_SOURCES = frozenset({"Const"}) | RESOURCE_VARIABLE_OPS
 
 
 def needed_without(target, dropped: set, gradient_ops: set, through_inputs: bool = True) -> set:
     """What this rank runs: `target`'s ancestors, passing through a dropped op only by what it
     waits for (control inputs, and, `through_inputs`, inputs that carry no gradient)."""
-    seen, stack = set(), [target]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs
-                     if op not in dropped or (through_inputs and t.op not in gradient_ops))
-        stack.extend(op.control_inputs)
-    return seen
+    def inputs(op):
+        return [t.op for t in op.inputs if op not in dropped or (through_inputs and t.op not in gradient_ops)] \
+            + list(op.control_inputs)
+    return reachable([target], inputs)
 
 
 def without(target, dropped: set, gradient_ops: set, token: tf.Operation, through_inputs: bool = True) -> tf.Operation:
@@ -81,7 +75,7 @@ def update_without(training, target, theirs: set, global_grads: dict, token_name
     other side's work it computes from. `check(transform, needed)`, if given, sees the transform
     and what the step still runs before anything is rewired."""
     from rewriters.shared import transform as transform_lib
-    needed = training_graph_ancestors(target)
+    needed = ancestors(target)
     transform = transform_lib.analyse(training, needed)
     gradient_ops = set(transform.depends)
     dropped = {op for op in needed if writes(op, theirs)}
@@ -107,17 +101,14 @@ def variable_and_slot_ops(training, parts: dict, names: set) -> set:
 
 
 def written_variables(op) -> list:
-    """The variable ops (through Identity reads) an assign or optimizer apply changes; [] for
-    any other op."""
+    """The variable ops an assign or optimizer apply changes (looking back through what passes a
+    handle on); [] for any other op."""
     if op.type not in WRITE_OPS and not op.type.startswith(_APPLY_PREFIXES):
         return []
     found = []
     for tensor in op.inputs:
         if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:
-            source = tensor.op
-            while source.type == "Identity" and source.inputs:
-                source = source.inputs[0].op
-            found.append(source)
+            found.append(feeding_op(tensor, HANDLE_PASS_THROUGH_OPS))
     return found
 
 

@@ -18,7 +18,8 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from rewriters.shared.rebuild import DistinctLookup, ancestors
+from parallax_tf.graph_walk import ancestors
+from rewriters.shared.rebuild import DistinctLookup
 from rewriters.shared.step_report import tensor_bytes
 from rewriters.shared.transform import rewire
 

@@ -19,9 +19,10 @@ from typing import List
 
 import tensorflow as tf
 
+from parallax_tf.graph_walk import RESOURCE_READ_OPS, ancestors
 from parallax_tf.strategy import BuildRequest
 from rewriters.shared import ps_packing
-from rewriters.shared.rebuild import Rebuilt, ancestors
+from rewriters.shared.rebuild import Rebuilt
 from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
 # The time step every push carries. An accumulator drops a push older than its last take; none
@@ -154,7 +155,7 @@ class PSRoute:
                 if not self._remote(part.variable.device) or part.variable.op.name in packed:
                     continue
                 for op in part.variable.handle.consumers():
-                    if op.type in ("ResourceGather", "ReadVariableOp") and op in needed:
+                    if op.type in RESOURCE_READ_OPS and op in needed:
                         sizes.append(tensor_bytes(op.outputs[0]))
         return tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)
 

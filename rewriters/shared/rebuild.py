@@ -10,13 +10,12 @@ import tensorflow as tf
 
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
+from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
 from parallax_tf.inspect_graph import logical_name
 from parallax_tf.plan import ROUTE_PS, TOOLKIT_GLOBAL_STEP, Plan
 from parallax_tf.strategy import BuildRequest
 from parallax_tf.values import Part
 from rewriters.shared.transform import rewire
-
-_VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 
 
 @dataclasses.dataclass
@@ -57,7 +56,7 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     slot_prefixes = tuple(f"{name}/" for name in ps_device)
 
     def place(op):
-        if op.type in _VARIABLE_OPS and op.name in ps_device:
+        if op.type in VARIABLE_OPS and op.name in ps_device:
             return ps_device[op.name]
         return op.device or topo.worker_device
 
@@ -191,9 +190,6 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
         grads[name] = flat[i:i + len(pieces)]
         i += len(pieces)
     return grads
-
-
-ancestors = training_graph.ancestors
 
 
 def _parts_by_logical_name(plan: Plan) -> Dict[str, List[Part]]:

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
+from parallax_tf.graph_walk import VALUE_PASS_THROUGH_OPS, VARIABLE_OPS, ancestors, feeding_op
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
@@ -24,7 +25,7 @@ from rewriters.shared.allreduce_route import AllReduceRoute
 from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
 from rewriters.shared.pruning import needed_without, without, written_variables
-from rewriters.shared.rebuild import advancing_global_step, ancestors, rebuild
+from rewriters.shared.rebuild import advancing_global_step, rebuild
 from rewriters.shared.step_report import StepReport
 
 
@@ -144,7 +145,7 @@ class RouteState:
 
 def _writes_ps_variable(op) -> bool:
     """An op that changes a variable on a parameter server: only rank 0 runs it."""
-    return any(source.type in ("VarHandleOp", "VariableV2") and "/job:ps" in source.device
+    return any(source.type in VARIABLE_OPS and "/job:ps" in source.device
                for source in written_variables(op))
 
 
@@ -184,12 +185,8 @@ def detect_layouts(rebuilt, plan) -> Dict[str, str]:
 
 def _lookup_strategy(gather_op):
     """'mod' or 'div' from the DynamicPartition that split the ids for this shard's gather."""
-    source = gather_op.inputs[1].op
-    while source.type in ("Identity", "Cast", "Reshape"):
-        source = source.inputs[0].op
+    source = feeding_op(gather_op.inputs[1], VALUE_PASS_THROUGH_OPS)
     if source.type != "DynamicPartition":
         return None
-    assignment = source.inputs[1].op
-    while assignment.type in ("Identity", "Cast"):
-        assignment = assignment.inputs[0].op
+    assignment = feeding_op(source.inputs[1], VALUE_PASS_THROUGH_OPS)
     return "mod" if assignment.type == "FloorMod" else "div"

@@ -26,7 +26,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
-from parallax_tf.training_graph import ancestors
+from parallax_tf.graph_walk import ancestors, descendants
 
 _REDUCTIONS = {"L2Loss", "Sum"}
 # Element-wise ops a sparse PS variable's rows may pass through on the way to a reduction.
@@ -59,13 +59,8 @@ def analyse(training, needed: set) -> Transform:
     raw = {name: grad for name, (grad, _) in training.raw_gradients().items() if name in training.applied()}
     applied = {name: g for name, (g, _, _) in training.applied().items()}
     source = {t.name: name for name, grad in raw.items() for t in components(grad).values()}
-    region, frontier = set(), [t for grad in raw.values() for t in components(grad).values()]
-    while frontier:
-        tensor = frontier.pop()
-        for op in tensor.consumers():
-            if op in needed and op not in region:
-                region.add(op)
-                frontier.extend(op.outputs)
+    region = descendants({op for grad in raw.values() for t in components(grad).values() for op in t.consumers()},
+                         within=needed)
     depends: Dict[tf.Operation, frozenset] = {}
     for op in sorted(region, key=lambda o: o._id):   # creation order: inputs come first
         deps = set()

@@ -21,11 +21,10 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import training_graph
+from parallax_tf import graph_walk, training_graph
 from parallax_tf.errors import ModelError
 from rewriters.stanza.split import CutTensor
 
-INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 HEAD_KINDS = {"fully_connected", "bias", "norm", "other"}
 ACTIVATION, DATA, REPLICATED = "activation", "data", "replicated"
 
@@ -49,13 +48,13 @@ def find_head(loss: tf.Tensor, parts: Dict[str, list], kinds: Dict[str, str], st
               train_op) -> HeadCut:
     """`parts`: logical name -> the variables holding it; `kinds`: logical name -> layer kind;
     `state`: the model's non-trainable variables by name."""
-    forward = training_graph.ancestors(loss.op, data_only=True)
+    forward = graph_walk.ancestors(loss.op, data_only=True)
     uses = {name: {op for v in variables for op in _uses(v) if op in forward} for name, variables in parts.items()}
     kernels = [name for name, kind in kinds.items() if kind == "fully_connected" and uses.get(name)]
     if not kernels:
         raise LayerCutError("the model has no fully connected layer on the way to the loss, so there is no FC "
                             "head to put on FC nodes; use --strategy hybrid")
-    head_ops = _descendants({op for name in kernels for op in uses[name]}, forward)
+    head_ops = graph_walk.descendants({op for name in kernels for op in uses[name]}, within=forward)
     head_vars, extractor_vars = [], []
     for name in sorted(parts):
         inside = uses[name] & head_ops
@@ -86,26 +85,7 @@ def find_head(loss: tf.Tensor, parts: Dict[str, list], kinds: Dict[str, str], st
 
 def _uses(variable) -> set:
     """Ops that read the variable's value (through its read ops)."""
-    found, frontier = set(), [training_graph.storage(variable)]
-    while frontier:
-        tensor = frontier.pop()
-        for op in tensor.consumers():
-            if op.type in ("ReadVariableOp", "Identity"):
-                frontier.extend(op.outputs)
-            else:
-                found.add(op)
-    return found
-
-
-def _descendants(starts: set, within: set) -> set:
-    seen, stack = set(), list(starts)
-    while stack:
-        op = stack.pop()
-        if op in seen or op not in within:
-            continue
-        seen.add(op)
-        stack.extend(c for t in op.outputs for c in t.consumers())
-    return seen
+    return set(graph_walk.users(training_graph.storage(variable), graph_walk.VALUE_READ_OPS))
 
 
 def _cut_tensors(head_ops: set, forward: set, extractor_storage: set, head_storage: set) -> List[CutTensor]:
@@ -122,9 +102,9 @@ def _cut_tensors(head_ops: set, forward: set, extractor_storage: set, head_stora
 
 def _kind(tensor, extractor_storage: set, head_storage: set):
     """activation / data / replicated, or None when the FC node can rebuild it itself."""
-    deps = training_graph.ancestors(tensor.op, data_only=True)
+    deps = graph_walk.ancestors(tensor.op, data_only=True)
     from_extractor = any(t.name in extractor_storage for op in deps for t in op.outputs)
-    from_input = any(op.type in INPUT_OPS for op in deps)
+    from_input = any(op.type in graph_walk.INPUT_OPS for op in deps)
     if not from_extractor and not from_input:
         return None
     per_example = tensor.shape.rank is not None and tensor.shape.rank >= 1
@@ -159,8 +139,8 @@ def _describe(tensor, kind: str, consumer) -> CutTensor:
 def _written_inside(variable, head_ops: set, train_op) -> bool:
     """Whether the train op updates this state from values the head computes."""
     target = training_graph.storage(variable).name
-    for op in training_graph.ancestors(train_op):
+    for op in graph_walk.ancestors(train_op):
         if op.type.startswith(("Assign", "ResourceScatter", "Scatter")) and op.inputs and op.inputs[0].name == target:
-            if training_graph.ancestors(op, data_only=True) & head_ops:
+            if graph_walk.ancestors(op, data_only=True) & head_ops:
                 return True
     return False

@@ -27,8 +27,8 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
+from parallax_tf.graph_walk import FED_INPUT_OPS, INPUT_OPS, ancestors
 from parallax_tf.plan import ROUTE_LOCAL
 from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.runtime.runner import SyncStep
@@ -36,9 +36,9 @@ from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
 from rewriters.shared import exchange, graph_copy, transform as transform_lib
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
-from rewriters.shared.rebuild import advancing_global_step, ancestors, gradients, rebuild
+from rewriters.shared.rebuild import advancing_global_step, gradients, rebuild
 from rewriters.shared.step_report import StepReport, tensor_bytes
-from rewriters.stanza.cut import ACTIVATION, DATA, INPUT_OPS, REPLICATED
+from rewriters.stanza.cut import ACTIVATION, DATA, REPLICATED
 from rewriters.stanza.runner import SplitRunner, data_shard
 from rewriters.stanza.split import ROUTE_FC_NODE
 
@@ -345,7 +345,7 @@ def _check_no_data_needed(step, on_fc: bool) -> None:
     if not on_fc:
         return
     fed = [op.name for op in ancestors(step if isinstance(step, tf.Operation) else step.op)
-           if op.type in ("Placeholder", "IteratorGetNext", "IteratorGetNextSync")]
+           if op.type in FED_INPUT_OPS]
     if fed:
         raise ModelError(f"the FC head's update needs input {fed[0]!r} directly (not through the cut); FC nodes read "
                          "no data. Make the head use it only through a tensor the cut carries, or use --strategy hybrid")
@@ -363,6 +363,6 @@ def _name(direction: str, index: int, micro: int, turn=None) -> str:
 def _batch_inputs(tensors) -> list:
     """The model's inputs (placeholders, iterator outputs) with a batch dimension that the
     tensors are computed from."""
-    ops = set().union(*(training_graph.ancestors(t.op, data_only=True) for t in tensors))
+    ops = set().union(*(ancestors(t.op, data_only=True) for t in tensors))
     used = {t for op in ops for t in op.inputs} | set(tensors)
     return sorted((t for t in used if t.op.type in INPUT_OPS and t.shape.rank), key=lambda t: t.name)
