@@ -29,11 +29,11 @@ from parallax_tf import ops as compiled
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import INPUT_OPS, ancestors
 from parallax_tf.plan import ROUTE_LOCAL
-from parallax_tf.runtime.barriers import CollectiveBarrier
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.dsp.pipeline import ROUTE_STAGE
 from rewriters.dsp.runner import PipelineRunner
 from rewriters.shared import exchange, graph_copy
+from rewriters.shared.pipeline import applied_optimizers, check_routes, finish_graph, start_variables
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
 from rewriters.shared.rebuild import advancing_global_step, rebuild
 from rewriters.shared.step_report import tensor_bytes
@@ -62,9 +62,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     pipe = plan.section
     if pipe is None:
         raise ValueError("the dsp rewriter needs a plan with a pipeline (planner strategy 'dsp')")
-    other = sorted({v.route for v in plan.variables} - {ROUTE_STAGE, ROUTE_LOCAL})
-    if other:
-        raise ValueError(f"the dsp rewriter cannot build route(s) {other}")
+    check_routes(plan, {ROUTE_STAGE, ROUTE_LOCAL}, "dsp")
     k, count = pipe.stage_of(topo.rank), len(pipe.stages)
     # model_fn's ctx counts pipelines: each reads its own data shard
     request = dataclasses.replace(request, ctx=dataclasses.replace(request.ctx, rank=pipe.pipeline_of(topo.rank),
@@ -94,15 +92,9 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     reads_data = count == 1 or (k == 0 and pipe.schedule == "locked")
     step, global_step = _update_step(rebuilt, global_grads, set(rebuilt.parts) - set(mine.variables), topo, reads_data)
     stage_graph.backward["train"] = step
-    import horovod.tensorflow as hvd
-    local = tf.compat.v1.global_variables()
-    return DistributedGraph(
-        graph=graph, loss=stage_graph.backward["loss"], train_op=[step],
-        global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
-        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
-        broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        runner=PipelineRunner(stage_graph),
-        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in rebuilt.training.applies])
+    return finish_graph(start_variables(), loss=stage_graph.backward["loss"], train_op=[step],
+                        global_step=global_step, parts=rebuilt.parts, runner=PipelineRunner(stage_graph),
+                        optimizers=applied_optimizers(rebuilt.training), broadcast_local=True)
 
 
 class _Stage:
@@ -140,8 +132,45 @@ class _Stage:
         forward_batch = tf.compat.v1.placeholder(tf.int64, [], name="parallax_dsp_forward_batch")
         backward_batch = tf.compat.v1.placeholder(tf.int64, [], name="parallax_dsp_backward_batch")
         xs = [p.variable for parts in self.parts.values() for p in parts]
-        moved = []
-        # ---- forward: this stage's input, from the data or from the stage below
+        moved = []            # bytes a backward run moves
+        activation, carried_in, output, stored_like, stored_now = self._forward(forward_batch)
+        forward = stash = locked_forward = None
+        if self.last:
+            loss = tf.cast(output, tf.float64)
+            ys, inputs_xs, grad_ys, with_loss = output, [activation] if not self.first else [], None, loss
+        else:
+            stash, forward = self._send_up(forward_batch, output, carried_in, stored_like, stored_now)
+            grad_ys, with_loss = self._gradient_from_above(backward_batch, moved)
+            if self.locked:       # one batch in the pipeline: backpropagate this run's own forward
+                ys, inputs_xs = output, [activation] if not self.first else []
+                moved.append(forward.pop("bytes"))
+                locked_forward, forward = forward, None
+            else:
+                ys, inputs_xs = self._recompute(stash, backward_batch, stored_like)
+        dys = tf.gradients(ys, xs + inputs_xs, grad_ys=grad_ys)
+        grads = {}
+        for var, dy in zip(xs, dys):
+            if dy is not None:
+                grads[var.op.name] = _gated(_scaled(dy, scale), ys.op)
+        backward = {"loss": with_loss}
+        if self.locked and not self.last:
+            backward.update(sent_up=locked_forward["sent"], rows=locked_forward["rows"])
+        if not self.first:        # the gradient of what arrived goes to the stage below
+            backward["sent"] = self._send_down(backward_batch, with_loss, dys[len(xs)], moved)
+        if self.last and not self.first:
+            backward["rows"] = tf.shape(activation)[0]
+        stored_batches = compiled.stash_batches(stash) if forward is not None else tf.zeros([0], tf.int64)
+        backward["bytes"] = tf.add_n(moved) if moved else tf.constant(0, tf.int64)
+        pipe = self.request.plan.section
+        return (StageGraph(self.k, self.count, pipe.pipeline_of(self.topo.rank), pipe.replicas, self.locked, forward,
+                           backward, forward_batch, backward_batch, stored_batches),
+                grads, {"activations": backward["bytes"]})
+
+    def _forward(self, forward_batch):
+        """This stage's forward on its input, from the data or from the stage below (of the batch
+        the schedule forwards): (the activation that arrived, the raw inputs carried in, the
+        output, what a stored input holds, and its values now)."""
+        activation = None
         if self.first:
             inputs, carried_in = {}, {t.name: t for t in self.carried[0]}
         else:
@@ -155,61 +184,48 @@ class _Stage:
         stored_like = ([self.cut] if not self.first else []) + list(self.raw)
         stored_now = [replace.get(t.name, t) for t in stored_like]
         output = graph_copy.copy_between(replace, [self.end], "/parallax_dsp_forward")[0] if replace else self.end
-        forward = None
-        if self.last:
-            loss = tf.cast(output, tf.float64)
-            ys, inputs_xs, grad_ys, with_loss = output, [activation] if not self.first else [], None, loss
-        else:
-            stash = None if self.locked else compiled.input_stash(
-                [t.dtype for t in stored_like], capacity=2 * self.count, stage=self.k,
-                shared_name=f"parallax_dsp_stash_{self.topo.rank}")
-            put = [] if self.locked else [compiled.stash_put(stash, forward_batch, stored_now)]
-            up = self._activation_queue(self.k + 1)
-            message = [forward_batch, output] + [carried_in[t.name] for t in self.carried[self.k + 1]]
-            with tf.control_dependencies(put):
-                sent = up.enqueue(message, name="parallax_dsp_send_activation")
-            forward = {"sent": sent, "rows": tf.shape(output)[0],
+        return activation, carried_in, output, stored_like, stored_now
+
+    def _send_up(self, forward_batch, output, carried_in, stored_like, stored_now):
+        """(the stash that keeps this batch's input for its backward, None when locked; the
+        fetches of a forward run): the output goes up with the raw inputs later stages read."""
+        stash = None if self.locked else compiled.input_stash(
+            [t.dtype for t in stored_like], capacity=2 * self.count, stage=self.k,
+            shared_name=f"parallax_dsp_stash_{self.topo.rank}")
+        put = [] if self.locked else [compiled.stash_put(stash, forward_batch, stored_now)]
+        up = self._activation_queue(self.k + 1)
+        message = [forward_batch, output] + [carried_in[t.name] for t in self.carried[self.k + 1]]
+        with tf.control_dependencies(put):
+            sent = up.enqueue(message, name="parallax_dsp_send_activation")
+        return stash, {"sent": sent, "rows": tf.shape(output)[0],
                        "bytes": tensor_bytes(output) + tf.add_n([tf.constant(8, tf.int64)] + [
                            tensor_bytes(carried_in[t.name]) for t in self.carried[self.k + 1]])}
-            # ---- backward: the stored input of the batch the gradient belongs to, recomputed
-            back = self._gradient_queue(self.k).dequeue(name="parallax_dsp_receive_gradient")
-            check = _same_batch(back[0], backward_batch, f"stage {self.k}: the gradient that arrived")
-            with tf.control_dependencies([check]):
-                grad_ys = tf.identity(back[2])
-            with_loss = back[1]
-            moved.append(tensor_bytes(back[2]))
-            if self.locked:       # one batch in the pipeline: backpropagate this run's own forward
-                ys, inputs_xs = output, [activation] if not self.first else []
-                moved.append(forward.pop("bytes"))
-                locked_forward, forward = forward, None
-            else:
-                stored = compiled.stash_take(stash, backward_batch, stored_like)
-                again = graph_copy.copy_between({t.name: v for t, v in zip(stored_like, stored)}, [self.end],
-                                                "/parallax_dsp_recompute")[0]
-                ys, inputs_xs = again, stored[:1] if not self.first else []
-        dys = tf.gradients(ys, xs + inputs_xs, grad_ys=grad_ys)
-        grads = {}
-        for var, dy in zip(xs, dys):
-            if dy is not None:
-                grads[var.op.name] = _gated(_scaled(dy, scale), ys.op)
-        backward = {"loss": with_loss}
-        if self.locked and not self.last:
-            backward.update(sent_up=locked_forward["sent"], rows=locked_forward["rows"])
-        if not self.first:        # the gradient of what arrived goes to the stage below
-            down = self._gradient_queue(self.k - 1)
-            dx = dys[len(xs)]
-            if dx is None:
-                raise ModelError(f"stage {self.k}'s output does not depend on its input {self.cut.name!r}")
-            backward["sent"] = down.enqueue([backward_batch, with_loss, dx], name="parallax_dsp_send_gradient")
-            moved.append(tensor_bytes(dx) + 16)
-        if self.last and not self.first:
-            backward["rows"] = tf.shape(activation)[0]
-        stored_batches = compiled.stash_batches(stash) if forward is not None else tf.zeros([0], tf.int64)
-        backward["bytes"] = tf.add_n(moved) if moved else tf.constant(0, tf.int64)
-        pipe = self.request.plan.section
-        return (StageGraph(self.k, self.count, pipe.pipeline_of(self.topo.rank), pipe.replicas, self.locked, forward,
-                           backward, forward_batch, backward_batch, stored_batches),
-                grads, {"activations": backward["bytes"]})
+
+    def _gradient_from_above(self, backward_batch, moved: list):
+        """(the gradient of this stage's output, the batch's loss) as the stage above sent them."""
+        back = self._gradient_queue(self.k).dequeue(name="parallax_dsp_receive_gradient")
+        check = _same_batch(back[0], backward_batch, f"stage {self.k}: the gradient that arrived")
+        with tf.control_dependencies([check]):
+            grad_ys = tf.identity(back[2])
+        moved.append(tensor_bytes(back[2]))
+        return grad_ys, back[1]
+
+    def _recompute(self, stash, backward_batch, stored_like):
+        """(the forward recomputed on the stored input of the batch the gradient belongs to, with
+        the current variables; the stored activation it is differentiated by)."""
+        stored = compiled.stash_take(stash, backward_batch, stored_like)
+        again = graph_copy.copy_between({t.name: v for t, v in zip(stored_like, stored)}, [self.end],
+                                        "/parallax_dsp_recompute")[0]
+        return again, stored[:1] if not self.first else []
+
+    def _send_down(self, backward_batch, with_loss, dx, moved: list):
+        """The gradient of what arrived, sent to the stage below."""
+        down = self._gradient_queue(self.k - 1)
+        if dx is None:
+            raise ModelError(f"stage {self.k}'s output does not depend on its input {self.cut.name!r}")
+        sent = down.enqueue([backward_batch, with_loss, dx], name="parallax_dsp_send_gradient")
+        moved.append(tensor_bytes(dx) + 16)
+        return sent
 
 
 def _update_step(rebuilt, global_grads: Dict[str, object], others: set, topo, reads_data: bool):

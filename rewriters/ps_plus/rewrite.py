@@ -33,6 +33,7 @@ from rewriters.ps_plus.options import PSPlusOptions
 from rewriters.ps_plus.route import ROUTE_ASYNC_PS
 from rewriters.ps_plus.runner import STALENESS_BUCKETS, AsyncRunner, AsyncSpec
 from rewriters.shared import transform as transform_lib
+from rewriters.shared.pipeline import check_routes, finish_graph, start_variables
 from rewriters.shared.rebuild import rebuild
 from rewriters.shared.step_report import tensor_bytes
 
@@ -43,9 +44,7 @@ _OPTIMIZERS = {tf.compat.v1.train.GradientDescentOptimizer: "sgd", tf.compat.v1.
 def rewrite(request: BuildRequest) -> DistributedGraph:
     ops.load()     # every process that runs the ops (the servers live in the ranks) loads them
     plan, topo = request.plan, request.topology
-    other = sorted({v.route for v in plan.variables} - {ROUTE_ASYNC_PS, ROUTE_LOCAL})
-    if other:
-        raise ValueError(f"the ps_plus rewriter cannot build route(s) {other}")
+    check_routes(plan, {ROUTE_ASYNC_PS, ROUTE_LOCAL}, "ps_plus")
     entries = plan.on_route(ROUTE_ASYNC_PS)
     rows_read = [e for e in entries if e.params["pull"] == "rows"]
     rebuilt = rebuild(request, on_servers=rows_read, step_on_server=True)
@@ -79,25 +78,18 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
         claim = tickets.assign_add(1)
     state.saved_as[tickets.name] = (logical_name(global_step), 10**6)
     barrier = ArrivalBarrier(topo.rank, topo.size, topo.server_ranks)
-    variables = tf.compat.v1.global_variables()
-    on_server = [v for v in variables if "/job:ps" in v.device]
+    start = start_variables()     # no broadcast: each rank's copies come from its pulls
     spec = AsyncSpec(claim=claim, step_targets=step_targets, step_bytes=step_bytes, push=push,
                      close_outbox=outbox.close(cancel_pending_enqueues=True),
                      global_version=global_step.read_value(), pulls=pulls, swaps=swaps,
                      pull_bytes=pull_bytes, max_staleness=options.max_staleness,
                      route=ROUTE_ASYNC_PS, histogram=histogram.read_value(),
                      task_versions={task: info["version"].read_value() for task, info in state.tasks.items()})
-    dgraph = DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
-        train_op=step_targets, global_step=global_step.read_value(), parts=state.global_parts,
-        chief_init=[tf.compat.v1.variables_initializer(on_server), histogram.initializer] + barrier.init_ops,
-        local_init=tf.group(tf.compat.v1.variables_initializer([v for v in variables if v not in on_server]),
-                            tf.compat.v1.local_variables_initializer()),
-        broadcast=None, barrier=barrier, runner=AsyncRunner(training.loss, spec, training.model.metrics),
-        optimizers=[(state, state.slotted)],
-        working_copies=state.working_copies, saved_as=state.saved_as,
-        survivable_loss="ps_plus ranks never wait for each other; this one held no server state")
-    return dgraph
+    return finish_graph(
+        start, loss=training.loss, train_op=step_targets, global_step=global_step, parts=state.global_parts,
+        runner=AsyncRunner(training.loss, spec, training.model.metrics), optimizers=[(state, state.slotted)],
+        barrier=barrier, chief_init=[histogram.initializer], working_copies=state.working_copies,
+        saved_as=state.saved_as, survivable_loss="ps_plus ranks never wait for each other; this one held no server state")
 
 
 def _one_supported_apply(training):

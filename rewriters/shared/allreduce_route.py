@@ -10,11 +10,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax_tf.strategy import BuildRequest
+from rewriters.shared.pipeline import SyncRoute
 from rewriters.shared.rebuild import Rebuilt
 from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
 
-class AllReduceRoute:
+class AllReduceRoute(SyncRoute):
     def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries, name: str = None, summed: bool = False):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.name, self.summed = name, summed

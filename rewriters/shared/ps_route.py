@@ -22,6 +22,7 @@ import tensorflow as tf
 from parallax_tf.graph_walk import RESOURCE_READ_OPS, ancestors
 from parallax_tf.strategy import BuildRequest
 from rewriters.shared import ps_packing
+from rewriters.shared.pipeline import SyncRoute
 from rewriters.shared.rebuild import Rebuilt
 from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 
@@ -31,7 +32,10 @@ from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
 NEVER_STALE = 2 ** 62
 
 
-class PSRoute:
+class PSRoute(SyncRoute):
+    """A SyncRoute whose global gradients exist on rank 0 alone: the step adds `release` there
+    and `wait` on the other ranks (rewriters/shared/sync.py)."""
+
     def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology
@@ -40,7 +44,7 @@ class PSRoute:
         self.bytes = {}
         self.lower_bound = []       # per variable: the least this rank must move for it
 
-    def exchange(self) -> dict:
+    def build(self) -> dict:
         """Pushes this rank's gradients; on rank 0 returns variable op name -> the gradient
         averaged over ranks, taken next to the variable once every rank has pushed."""
         topo = self.topo

@@ -7,23 +7,23 @@ gradients (rewriters/shared/transform.py). AllReduce variables are then updated 
 variables by rank 0 next to the variable. On the other ranks, every op that writes a PS
 variable (its apply, the global-step increment) is rank 0's alone: what depended on it waits
 for rank 0's token instead, which also carries what their transform needs from PS gradients.
+Further routes (SyncRoute, rewriters/shared/pipeline.py) join through `assemble`'s factories.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VALUE_PASS_THROUGH_OPS, VARIABLE_OPS, ancestors, feeding_op
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
-from parallax_tf.runtime.barriers import CollectiveBarrier
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
 from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
+from rewriters.shared.pipeline import RouteFactory, applied_optimizers, check_routes, finish_graph, start_variables
 from rewriters.shared.pruning import needed_without, without, written_variables
 from rewriters.shared.rebuild import advancing_global_step, rebuild
 from rewriters.shared.step_report import StepReport
@@ -31,116 +31,126 @@ from rewriters.shared.step_report import StepReport
 
 
 def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str,
-             extra_routes: Optional[Dict[str, Callable]] = None) -> DistributedGraph:
-    """`extra_routes`: route name -> factory(request, rebuilt, entries) of a route object with
-    build() (variable -> the gradient the model's transform reads), after_step(step targets)
-    (builds what follows the step; returns targets every step also runs), finish(broadcast)
-    (what it adds to the graph: a RouteState), and `bytes` / `lower_bound` like the PS and
-    AllReduce routes."""
-    plan, topo = request.plan, request.topology
+             extra_routes: Optional[Dict[str, RouteFactory]] = None) -> DistributedGraph:
+    """This rank's synchronous step over `allowed_routes` (PS, AllReduce) and `extra_routes`
+    (route name -> the factory of its SyncRoute), stage by stage."""
     extra_routes = extra_routes or {}
-    other = sorted({v.route for v in plan.trained} - set(allowed_routes) - set(extra_routes))
-    if other:
-        raise ValueError(f"the {strategy} rewriter cannot build route(s) {other}")
-    rebuilt = rebuild(request, distinct_pulls=True)
-    training = rebuilt.training
-    if all(g is None for grads in rebuilt.grads.values() for g in grads):
-        raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
-                         "depends on the model's variables")
-    ps_entries, ar_entries = plan.on_route(ROUTE_PS), plan.on_route(ROUTE_ALLREDUCE)
-    target, global_step = advancing_global_step(training, "/job:ps/task:0" if ps_entries else topo.worker_device)
-    ps_parts = {p.variable.op.name: p.variable for e in ps_entries for p in rebuilt.parts[e.name]}
-    on_ps, sparse_on_ps = set(ps_parts), {p.variable.op.name for e in ps_entries if e.gradient == "sparse"
-                                          for p in rebuilt.parts[e.name]}
-    needed = ancestors(target)
-    transform = transform_lib.analyse(training, needed)
-    reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
+    check_routes(request.plan, [*allowed_routes, *extra_routes, ROUTE_LOCAL], strategy)
+    sync = _Assembly(request)              # the model rebuilt; its step advances the global step
+    sync.route_gradients(extra_routes)     # every route's global gradients
+    sync.feed_transform()                  # the model's transform and applies read them
+    return sync.ending(sync.rank_step())   # rank 0's step or another rank's; the shared ending
 
-    report = StepReport(tf.cast(training.loss, tf.float64) / topo.size, topo.size, training.model.metrics)
-    allreduce = AllReduceRoute(request, rebuilt, ar_entries)
-    global_grads = allreduce.build(rider=report.local)
-    extras = [make(request, rebuilt, plan.on_route(route)) for route, make in extra_routes.items()
-              if plan.on_route(route)]
-    for route in extras:
-        global_grads.update(route.build())
-    ps_route = PSRoute(request, rebuilt, ps_entries) if ps_entries else None
-    if ps_route is not None:
-        global_grads.update(ps_route.exchange())
-        _read_step_before_pushing(global_step, needed, set(transform.depends), ps_route.pushes)
-    own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
-                rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
-    sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
-    needed = ancestors(target)        # the routes and the sums above added to what the step needs
-    transform = transform_lib.analyse(training, needed)
-    chief_only = {op for op in needed if _writes_ps_variable(op)}
-    gradient_ops = set(transform.depends)
-    elsewhere = needed_without(target, chief_only, gradient_ops) - chief_only   # what ranks other than 0 run
-    crossing = transform_lib.crossing_tensors(transform, on_ps, elsewhere) if ps_entries else []
-    transform_lib.feed_global_gradients(transform, global_grads, needed)
-    if ps_route is None:
-        step = target
-    elif topo.is_chief:
-        transform_lib.place_next_to_variables(transform, {n: v.device for n, v in ps_parts.items()})
-        step = ps_route.release(target, transform_lib.pack(crossing))
-    else:
-        token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in crossing))
-        transform_lib.unpack(crossing, token, elsewhere)
-        step = [without(target, chief_only, gradient_ops, token.op)] + ps_route.pushes
-    step = step if isinstance(step, list) else [step]
-    if sums is not None:
-        # A collective every rank must submit, needed there or not. As a session target, not
-        # a control input: only used by control, grappler drops it and rank 0 waits forever.
-        step = step + [sums.op]
-    for route in extras:
-        step = step + route.after_step(list(step))
 
-    variables = tf.compat.v1.global_variables()
-    on_server = [v for v in variables if "/job:ps" in v.device]
-    local = [v for v in variables if "/job:ps" not in v.device]
-    broadcast = None
-    if topo.size > 1 and local:     # every copy starts as rank 0's (which may come from a checkpoint)
-        import horovod.tensorflow as hvd
-        broadcast = hvd.broadcast_variables(local, root_rank=0)
-    byte_counts: Dict[str, tf.Tensor] = dict(allreduce.bytes)
-    for route in [ps_route] + extras:
-        if route is not None:
+class _Assembly:
+    """The stages of `assemble`, in order; each leaves what the next one reads."""
+
+    def __init__(self, request: BuildRequest):
+        """Stage 1: the model rebuilt under the plan's placement, with this rank's own gradients."""
+        plan, topo = request.plan, request.topology
+        self.request, self.topo = request, topo
+        self.rebuilt = rebuild(request, distinct_pulls=True)
+        self.training = self.rebuilt.training
+        if all(g is None for grads in self.rebuilt.grads.values() for g in grads):
+            raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
+                             "depends on the model's variables")
+        self.ps_entries, self.ar_entries = plan.on_route(ROUTE_PS), plan.on_route(ROUTE_ALLREDUCE)
+        self.target, self.global_step = advancing_global_step(
+            self.training, "/job:ps/task:0" if self.ps_entries else topo.worker_device)
+        self.ps_parts = {p.variable.op.name: p.variable for e in self.ps_entries for p in self.rebuilt.parts[e.name]}
+
+    def route_gradients(self, extra_routes: Dict[str, RouteFactory]) -> None:
+        """Stage 2: variable op name -> its global gradient, from every route (AllReduce, the
+        further routes, PS, in that order), and the sums of sparse PS gradients' reductions."""
+        request, rebuilt, topo, ps_entries = self.request, self.rebuilt, self.topo, self.ps_entries
+        sparse_on_ps = {p.variable.op.name for e in ps_entries if e.gradient == "sparse" for p in rebuilt.parts[e.name]}
+        needed = ancestors(self.target)
+        transform = transform_lib.analyse(self.training, needed)
+        reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
+        self.report = StepReport(tf.cast(self.training.loss, tf.float64) / topo.size, topo.size,
+                                 self.training.model.metrics)
+        self.allreduce = AllReduceRoute(request, rebuilt, self.ar_entries)
+        self.global_grads = self.allreduce.build(rider=self.report.local)
+        self.extras = [make(request, rebuilt, request.plan.on_route(route)) for route, make in extra_routes.items()
+                       if request.plan.on_route(route)]
+        for route in self.extras:
+            self.global_grads.update(route.build())
+        self.ps_route = PSRoute(request, rebuilt, ps_entries) if ps_entries else None
+        if self.ps_route is not None:
+            self.global_grads.update(self.ps_route.build())
+            _read_step_before_pushing(self.global_step, needed, set(transform.depends), self.ps_route.pushes)
+        own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
+                    rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
+        self.sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
+
+    def feed_transform(self) -> None:
+        """Stage 3: the model's transform reads the global gradients; what only rank 0 runs
+        (writes of PS variables) and what crosses from it to the other ranks is known."""
+        needed = ancestors(self.target)        # the routes and the sums above added to what the step needs
+        self.transform = transform_lib.analyse(self.training, needed)
+        self.chief_only = {op for op in needed if _writes_ps_variable(op)}
+        self.gradient_ops = set(self.transform.depends)
+        # what ranks other than 0 run
+        self.elsewhere = needed_without(self.target, self.chief_only, self.gradient_ops) - self.chief_only
+        on_ps = set(self.ps_parts)
+        self.crossing = transform_lib.crossing_tensors(self.transform, on_ps, self.elsewhere) \
+            if self.ps_entries else []
+        transform_lib.feed_global_gradients(self.transform, self.global_grads, needed)
+
+    def rank_step(self) -> list:
+        """Stage 4: the step's targets on this rank: rank 0 updates the PS variables and releases
+        the others, which wait for its token; then what the further routes add after the step."""
+        ps_route = self.ps_route
+        if ps_route is None:
+            step = self.target
+        elif self.topo.is_chief:
+            transform_lib.place_next_to_variables(self.transform, {n: v.device for n, v in self.ps_parts.items()})
+            step = ps_route.release(self.target, transform_lib.pack(self.crossing))
+        else:
+            token = ps_route.wait(sum(int(t.shape.num_elements()) for t, _ in self.crossing))
+            transform_lib.unpack(self.crossing, token, self.elsewhere)
+            step = [without(self.target, self.chief_only, self.gradient_ops, token.op)] + ps_route.pushes
+        step = step if isinstance(step, list) else [step]
+        if self.sums is not None:
+            # A collective every rank must submit, needed there or not. As a session target, not
+            # a control input: only used by control, grappler drops it and rank 0 waits forever.
+            step = step + [self.sums.op]
+        for route in self.extras:
+            step = step + route.after_step(list(step))
+        return step
+
+    def ending(self, step: list) -> DistributedGraph:
+        """Stage 5: the step report, the further routes' state after the replicas' broadcast,
+        and the shared ending (rewriters/shared/pipeline.py)."""
+        training, routes = self.training, [self.allreduce] + ([self.ps_route] if self.ps_route else []) + self.extras
+        start = start_variables()
+        if self.topo.size > 1 and start.local:     # now: the further routes' own start follows it
+            start.broadcast_local()
+        byte_counts: Dict[str, tf.Tensor] = {}
+        for route in routes:
             byte_counts.update(route.bytes)
-    summed = report.summed(allreduce.rider_sum)
-    parts, optimizers = dict(rebuilt.parts), [(a.optimizer, [v for g, v in a.grads_and_vars if g is not None])
-                                              for a in training.applies]
-    working_copies, scheduled = set(), SyncStep.scheduled
-    for route in extras:
-        added = route.finish(broadcast)
-        broadcast, scheduled = added.broadcast, added.scheduled
-        parts.update(added.parts)
-        working_copies |= added.working_copies
-        optimizers.extend(added.optimizers)
-    optimizers = [(o, [v for v in vs if v.name not in working_copies]) for o, vs in optimizers]
-    step_spec = SyncStep(
-        report=summed, report_routes=sorted(byte_counts), metric_names=report.metric_names,
-        metric_sizes=report.metric_sizes,
-        checkpoint_request=report.checkpoint_request,
-        previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
-        lower_bound_bytes=tf.add_n(allreduce.lower_bound + (ps_route.lower_bound if ps_route else [])
-                                   + [b for route in extras for b in route.lower_bound] or [tf.constant(0, tf.int64)]),
-        scheduled=scheduled)
-    return DistributedGraph(
-        graph=tf.compat.v1.get_default_graph(), loss=training.loss,
-        train_op=step, global_step=global_step.read_value(), parts=parts,
-        chief_init=[tf.compat.v1.variables_initializer(on_server)] if on_server else [],
-        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
-        broadcast=broadcast, barrier=CollectiveBarrier(), runner=SyncRunner(training.loss, step, step_spec),
-        optimizers=optimizers, working_copies=working_copies, layouts=detect_layouts(rebuilt, plan))
-
-
-@dataclasses.dataclass
-class RouteState:
-    """What a further route adds to a synchronous graph once built."""
-    broadcast: object                 # the start of every rank's copies (after the replicas' broadcast)
-    parts: Dict[str, list]            # its variables' pieces: where their state is
-    working_copies: set               # variables that are not state (the rank's local replicas)
-    optimizers: List[tuple]           # (optimizer, variables) of its own
-    scheduled: Callable[[int], tuple]  # SyncStep.scheduled
+        summed = self.report.summed(self.allreduce.rider_sum)
+        parts, optimizers = dict(self.rebuilt.parts), applied_optimizers(training)
+        working_copies, scheduled = set(), SyncStep.scheduled
+        for route in self.extras:
+            added = route.finish(start.broadcast)
+            if added is None:
+                continue
+            start.broadcast, scheduled = added.broadcast, added.scheduled
+            parts.update(added.parts)
+            working_copies |= added.working_copies
+            optimizers.extend(added.optimizers)
+        report = self.report
+        step_spec = SyncStep(
+            report=summed, report_routes=sorted(byte_counts), metric_names=report.metric_names,
+            metric_sizes=report.metric_sizes, checkpoint_request=report.checkpoint_request,
+            previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
+            lower_bound_bytes=tf.add_n([b for route in routes for b in route.lower_bound]
+                                       or [tf.constant(0, tf.int64)]),
+            scheduled=scheduled)
+        return finish_graph(start, loss=training.loss, train_op=step, global_step=self.global_step, parts=parts,
+                            runner=SyncRunner(training.loss, step, step_spec), optimizers=optimizers,
+                            working_copies=working_copies, layouts=detect_layouts(self.rebuilt, self.request.plan))
 
 
 def _writes_ps_variable(op) -> bool:

@@ -28,7 +28,7 @@ import tensorflow as tf
 from parallax_tf import training_graph
 from parallax_tf.errors import ModelError
 from parallax_tf.strategy import BuildRequest
-from rewriters.shared.sync import RouteState
+from rewriters.shared.pipeline import RouteState, SyncRoute
 from rewriters.shared.rebuild import Rebuilt
 from rewriters.slim_dp.options import SlimOptions
 
@@ -70,7 +70,7 @@ class _Packet:
         return [unit.chosen for unit, _ in self.members]
 
 
-class SignificantRoute:
+class SignificantRoute(SyncRoute):
     def __init__(self, request: BuildRequest, rebuilt: Rebuilt, entries):
         self.request, self.rebuilt, self.entries = request, rebuilt, entries
         self.topo = request.topology

@@ -29,12 +29,12 @@ import tensorflow as tf
 
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import FED_INPUT_OPS, INPUT_OPS, ancestors
-from parallax_tf.plan import ROUTE_LOCAL
-from parallax_tf.runtime.barriers import CollectiveBarrier
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL
 from parallax_tf.runtime.runner import SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
 from rewriters.shared import exchange, graph_copy, transform as transform_lib
+from rewriters.shared.pipeline import applied_optimizers, check_routes, finish_graph, start_variables
 from rewriters.shared.pruning import update_without, variable_and_slot_ops
 from rewriters.shared.rebuild import advancing_global_step, gradients, rebuild
 from rewriters.shared.step_report import StepReport, tensor_bytes
@@ -48,9 +48,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     split = plan.section
     if split is None:
         raise ValueError("the stanza rewriter needs a plan with a layer split (planner strategy 'stanza')")
-    other = sorted({v.route for v in plan.variables} - {ROUTE_FC_NODE, ROUTE_LOCAL, "allreduce"})
-    if other:
-        raise ValueError(f"the stanza rewriter cannot build route(s) {other}")
+    check_routes(plan, {ROUTE_FC_NODE, ROUTE_LOCAL, ROUTE_ALLREDUCE}, "stanza")
     on_fc = topo.rank in split.fc_ranks
     # model_fn's ctx counts the conv nodes: they are the data shards (FC nodes read no data)
     data_rank, _ = data_shard(split, topo.rank) or (0, None)
@@ -77,19 +75,14 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
     # its own collective: the two sides' gradient groups differ
     report = StepReport(built.loss_share, topo.size, built.metric_shares)
     summed = report.summed()
-    local = tf.compat.v1.global_variables()
-    import horovod.tensorflow as hvd
     step_spec = SyncStep(report=summed, report_routes=sorted(built.bytes), metric_names=report.metric_names,
                          metric_sizes=report.metric_sizes, checkpoint_request=report.checkpoint_request,
                          previous_bytes=report.previous_bytes, bytes_per_step=built.bytes,
                          lower_bound_bytes=tf.add_n(built.lower_bound or [tf.constant(0, tf.int64)]))
-    return DistributedGraph(
-        graph=graph, loss=summed[0], train_op=[step] + built.targets,
-        global_step=global_step.read_value(), parts=rebuilt.parts, chief_init=[],
-        local_init=tf.group(tf.compat.v1.variables_initializer(local), tf.compat.v1.local_variables_initializer()),
-        broadcast=hvd.broadcast_variables(local, root_rank=0), barrier=CollectiveBarrier(),
-        runner=SplitRunner(summed[0], [step] + built.targets, step_spec, split),
-        optimizers=[(a.optimizer, [v for g, v in a.grads_and_vars if g is not None]) for a in training.applies])
+    targets = [step] + built.targets
+    return finish_graph(start_variables(), loss=summed[0], train_op=targets, global_step=global_step,
+                        parts=rebuilt.parts, runner=SplitRunner(summed[0], targets, step_spec, split),
+                        optimizers=applied_optimizers(training), broadcast_local=True)
 
 
 @dataclasses.dataclass
