@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf import model_init, training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.feeds import make_feeds
 from parallax_tf.model import RunContext
@@ -104,7 +105,7 @@ class CaptureView:
 
 def logical_name(variable) -> str:
     """The single-device name of a variable or of the partitioned variable it is a part of."""
-    info = variable._get_save_slice_info()  # TF's own record of partitioned variables' parts
+    info = tf_shim.save_slice_info(variable)  # TF's own record of partitioned variables' parts
     return info.full_name if info is not None else variable.op.name
 
 
@@ -179,7 +180,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
             bytes=int(whole.nbytes), gradient=gradient,
             layer=_layer_kind(parts, gradient, training.keras_layers, forward),
             rows_touched=rows.get(name, (None, None))[0], gathered_bytes=rows.get(name, (None, None))[1],
-            user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
+            user_partitioned=len(parts) > 1 or tf_shim.save_slice_info(parts[0]) is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
             from_get_variable=name in from_get_variable))
     initial.update({name: np.asarray(value) for name, value in state_values.items()})
@@ -354,7 +355,7 @@ def _reused_in_sequence(ops) -> bool:
     """Several uses of one weight where a later use depends on an earlier one's result."""
     if len(ops) < 2:
         return False
-    last = max(ops, key=lambda op: op._id)
+    last = max(ops, key=tf_shim.creation_order)
     earlier = training_graph.ancestors(last)
     return any(op in earlier for op in ops if op is not last)
 

@@ -20,6 +20,8 @@ from typing import Callable, Dict, List
 import tensorflow as tf
 
 from parallax_tf import input_shard
+from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
 
@@ -99,8 +101,7 @@ class _Recorder:
 
     @contextlib.contextmanager
     def recording(self):
-        from tensorflow.python.ops import gradients_util
-        helper = gradients_util._GradientsHelper
+        helper = tf_shim.gradients_helper()
         optimizer_class = tf.compat.v1.train.Optimizer
         apply = optimizer_class.apply_gradients
         recorder = self
@@ -143,7 +144,7 @@ class _Recorder:
             recorder.new_keras_optimizers.append(optimizer)     # it trains nothing here: named if no apply is found
             return new_apply(optimizer, *args, **kwargs)
 
-        gradients_util._GradientsHelper = gradients_helper
+        tf_shim.set_gradients_helper(gradients_helper)
         optimizer_class.apply_gradients = apply_gradients
         if keras_class is not None:
             keras_class.apply_gradients = keras_apply_gradients
@@ -153,7 +154,7 @@ class _Recorder:
             with tf.variable_creator_scope(creator), _keras_constants_stay_in_the_graph():
                 yield
         finally:
-            gradients_util._GradientsHelper = helper
+            tf_shim.set_gradients_helper(helper)
             optimizer_class.apply_gradients = apply
             if keras_class is not None:
                 keras_class.apply_gradients = keras_apply
@@ -185,20 +186,12 @@ def _as_list(x) -> list:
 def _legacy_keras_optimizer_class():
     """tf_keras' OptimizerV2 (tf_keras.optimizers.legacy.*), when tf_keras is installed (imported
     here, 0.1 s, so that a model_fn importing it itself is recorded too)."""
-    try:
-        from tf_keras.src.optimizers.legacy import optimizer_v2
-    except ImportError:
-        return None
-    return optimizer_v2.OptimizerV2
+    return keras_shim.legacy_optimizer_class()
 
 
 def _new_keras_optimizer_class():
     """tf_keras' new Optimizer base class (tf_keras.optimizers.*), when tf_keras is installed."""
-    try:
-        from tf_keras.src.optimizers import optimizer
-    except ImportError:
-        return None
-    return optimizer.Optimizer
+    return keras_shim.new_optimizer_class()
 
 
 def is_legacy_keras_optimizer(optimizer) -> bool:
@@ -233,23 +226,12 @@ def _check_optimizer(optimizer) -> None:
                      f"optimizer or a tf_keras.optimizers.legacy one: {fix}")
 
 
-@contextlib.contextmanager
 def _keras_constants_stay_in_the_graph():
     """A raw TF op between tf_keras functional layers with a constant input (tf.reshape(x, [-1, 2, 4]))
     makes tf_keras evaluate that constant in a session of its own (backend.get_session), which
     initialises every variable built so far, on devices that session does not have. tf_keras'
     own switch keeps the constant as the graph tensor it is instead."""
-    try:
-        from tf_keras.src.engine import base_layer_utils
-    except ImportError:
-        yield
-        return
-    saved = base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION
-    base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = True
-    try:
-        yield
-    finally:
-        base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = saved
+    return keras_shim.graph_op_layers_keep_constants()
 
 
 def _creating_layer():

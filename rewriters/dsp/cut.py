@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf import training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync"}
 _GRADIENT_OP = re.compile(r".*gradients(?:_\d+)?/(.+?)_grad/")
@@ -55,7 +56,7 @@ def find(loss: tf.Tensor, parts: Dict[str, list], op_seconds: Dict[str, float]) 
     reads = {op: _variables_of(op, storage) for op in forward}
     total_fwd, total_bwd = _seconds(forward, op_seconds)
     points, problems = [], {}
-    for op in sorted(forward, key=lambda o: o._id):
+    for op in sorted(forward, key=tf_shim.creation_order):
         for tensor in op.outputs:
             if not (tensor.dtype.is_floating and tensor.shape.rank):
                 continue
@@ -86,7 +87,7 @@ def _check(tensor, forward: set, reads: dict, op_seconds):
     shared = sorted(below_vars & above_vars)
     if shared:
         return f"variable {shared[0]!r} is read both below and above it", None
-    for op in sorted(above, key=lambda o: o._id):
+    for op in sorted(above, key=tf_shim.creation_order):
         for t in op.inputs:
             if t.op in below and t is not tensor and t.dtype != tf.resource and t.op.type not in INPUT_OPS:
                 if any(reads[a] for a in training_graph.ancestors(t.op, data_only=True)):

@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
 from parallax_tf.runtime.barriers import CollectiveBarrier
@@ -155,7 +156,7 @@ def _read_step_before_pushing(global_step, needed: set, gradient_ops: set, pushe
     reads = [op for op in global_step.handle.consumers() if op.type == "ReadVariableOp" and op in needed
              and not ancestors(op) & gradient_ops]
     for push in pushes:
-        push._add_control_inputs(reads)
+        tf_shim.add_control_inputs(push, reads)
 
 
 def detect_layouts(rebuilt, plan) -> Dict[str, str]:
