@@ -158,13 +158,13 @@ def listed_gpus() -> int:
 
 def gpu_kernel_lookup() -> Callable[[str], list]:
     """op type -> the KernelDefs this TensorFlow registers for it on the GPU."""
-    from tensorflow.python.framework import kernels
+    from parallax_tf.compat import tensorflow as tf_shim
     cache: Dict[str, list] = {}
 
     def lookup(op_type: str) -> list:
         if op_type not in cache:
             try:
-                found = kernels.get_registered_kernels_for_op(op_type).kernel
+                found = tf_shim.registered_kernels(op_type)
             except Exception:   # noqa: BLE001  (an op TF does not know, e.g. a library's own)
                 found = []
             cache[op_type] = [k for k in found if k.device_type == GPU]

@@ -15,19 +15,9 @@ import sys
 import warnings
 
 import tensorflow as tf
-# Private TensorFlow names, read from TF 2.21's tensorflow/python/data/ops (dataset_ops.py,
-# iterator_ops.py). Every graph-mode iterator a dataset makes goes through one of the first two
-# (tf.compat.v1.data.make_one_shot_iterator / make_initializable_iterator call them, as do the
-# deprecated Dataset methods, through DatasetV1Adapter for a tf.data.Dataset); a reinitializable
-# iterator (Iterator.from_structure) is bound to a dataset by the third.
-from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
 from parallax_tf import graph_walk
-
-_PATCHED = ((dataset_ops.DatasetV1, "_make_one_shot_iterator"),
-            (dataset_ops.DatasetV1, "_make_initializable_iterator"),
-            (iterator_ops.Iterator, "make_initializer"))
-_RESOURCE = "_iterator_resource"          # an iterator_ops.Iterator's resource tensor
+from parallax_tf.compat import tensorflow as tf_shim
 
 # iterator names already warned about in this process: model_fn runs at inspection and again
 # at each rewrite, and one warning says it all
@@ -43,12 +33,12 @@ class Scope:
         self.made: set = set()
 
     def shard(self, dataset):
-        if not isinstance(dataset, dataset_ops.DatasetV2) or _opted_out(dataset):
+        if not tf_shim.is_dataset(dataset) or _opted_out(dataset):
             return dataset      # not a dataset: TF's own call raises the real error
         return dataset.shard(self.ctx.size, self.ctx.rank)
 
     def record(self, iterator):
-        self.made.add(getattr(iterator, _RESOURCE).op.name)
+        self.made.add(tf_shim.iterator_resource(iterator).op.name)
         return iterator
 
     def warn_unsharded(self, needed: set) -> None:
@@ -84,7 +74,7 @@ def sharding(ctx, shard: bool = True):
     if not scope.active:
         yield scope
         return
-    saved = [(owner, name, vars(owner)[name]) for owner, name in _PATCHED]
+    saved = [(owner, name, vars(owner)[name]) for owner, name in tf_shim.iterator_makers()]
     one_shot, initializable, make_initializer = (original for _, _, original in saved)
 
     def make_one_shot_iterator(dataset):

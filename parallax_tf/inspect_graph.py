@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from parallax_tf import graph_walk, model_init, training_graph
 from parallax_tf.captured import Capture, StateInfo, VariableInfo
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.feeds import make_feeds
 from parallax_tf.model import RunContext
@@ -55,7 +56,7 @@ class CaptureView:
 
 def logical_name(variable) -> str:
     """The single-device name of a variable or of the partitioned variable it is a part of."""
-    info = variable._get_save_slice_info()  # TF's own record of partitioned variables' parts
+    info = tf_shim.save_slice_info(variable)  # TF's own record of partitioned variables' parts
     return info.full_name if info is not None else variable.op.name
 
 
@@ -182,7 +183,7 @@ def _describe_variables(built: _ModelParts, found: _Evaluated, forward: set) -> 
             bytes=int(whole.nbytes), gradient=gradient,
             layer=_layer_kind(parts, gradient, built.training.keras_layers, forward),
             rows_touched=found.rows.get(name, (None, None))[0], gathered_bytes=found.rows.get(name, (None, None))[1],
-            user_partitioned=len(parts) > 1 or parts[0]._get_save_slice_info() is not None,
+            user_partitioned=len(parts) > 1 or tf_shim.save_slice_info(parts[0]) is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
             from_get_variable=name in built.from_get_variable))
     return infos, initial
@@ -334,7 +335,7 @@ def _reused_in_sequence(ops) -> bool:
     """Several uses of one weight where a later use depends on an earlier one's result."""
     if len(ops) < 2:
         return False
-    last = max(ops, key=lambda op: op._id)
+    last = max(ops, key=tf_shim.creation_order)
     earlier = graph_walk.ancestors(last)
     return any(op in earlier for op in ops if op is not last)
 

@@ -4,31 +4,23 @@ how a message names an optimizer, the tf_keras layer creating a variable, and tf
 that keeps a functional model's constants in the graph."""
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import tensorflow as tf
 
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ModelError
 
 
 def legacy_keras_optimizer_class():
     """tf_keras' OptimizerV2 (tf_keras.optimizers.legacy.*), when tf_keras is installed (imported
     here, 0.1 s, so that a model_fn importing it itself is recorded too)."""
-    try:
-        from tf_keras.src.optimizers.legacy import optimizer_v2
-    except ImportError:
-        return None
-    return optimizer_v2.OptimizerV2
+    return keras_shim.legacy_optimizer_class()
 
 
 def new_keras_optimizer_class():
     """tf_keras' new Optimizer base class (tf_keras.optimizers.*), when tf_keras is installed."""
-    try:
-        from tf_keras.src.optimizers import optimizer
-    except ImportError:
-        return None
-    return optimizer.Optimizer
+    return keras_shim.new_optimizer_class()
 
 
 def is_legacy_keras_optimizer(optimizer) -> bool:
@@ -48,23 +40,12 @@ def describe_optimizer(optimizer) -> str:
     return f"{module}.{name}"
 
 
-@contextlib.contextmanager
 def keras_constants_stay_in_the_graph():
     """A raw TF op between tf_keras functional layers with a constant input (tf.reshape(x, [-1, 2, 4]))
     makes tf_keras evaluate that constant in a session of its own (backend.get_session), which
     initialises every variable built so far, on devices that session does not have. tf_keras'
     own switch keeps the constant as the graph tensor it is instead."""
-    try:
-        from tf_keras.src.engine import base_layer_utils
-    except ImportError:
-        yield
-        return
-    saved = base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION
-    base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = True
-    try:
-        yield
-    finally:
-        base_layer_utils._UNSAFE_GRAPH_OP_LAYER_CREATION = saved
+    return keras_shim.graph_op_layers_keep_constants()
 
 
 def creating_layer():

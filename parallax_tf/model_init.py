@@ -16,6 +16,7 @@ from typing import Iterable, List
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import (FEEDABLE_ITERATOR_OPS, ITERATOR_OPS, ITERATOR_READ_OPS, ancestors,
                                     needed_placeholders)
@@ -45,7 +46,7 @@ def initializers(graph, step: Iterable) -> List[tf.Operation]:
     several initializers, an initializer that needs a feed)."""
     chosen = []
     for op in declared(graph):
-        chosen += [o for o in sorted(ancestors(op), key=lambda o: o._id) if o.type in INITIALIZER_OPS]
+        chosen += [o for o in sorted(ancestors(op), key=tf_shim.creation_order) if o.type in INITIALIZER_OPS]
     needed = _needed(step)
     for iterator in _iterators_read(needed):
         chosen.append(_iterator_initializer(iterator, chosen))
@@ -62,7 +63,7 @@ def initializers(graph, step: Iterable) -> List[tf.Operation]:
 def input_reads(graph, step: Iterable) -> List[tf.Operation]:
     """The iterator reads (GetNext) the step runs: one batch each per step."""
     needed = _needed(step)
-    return sorted((op for op in needed if op.type in ITERATOR_READ_OPS), key=lambda o: o._id)
+    return sorted((op for op in needed if op.type in ITERATOR_READ_OPS), key=tf_shim.creation_order)
 
 
 def batch_rows(reads: List[tf.Operation]):
@@ -78,7 +79,7 @@ def batch_rows(reads: List[tf.Operation]):
 def _iterators_read(needed: set) -> List[tf.Operation]:
     """The iterator resources the needed GetNext ops read."""
     found = []
-    for op in sorted(needed, key=lambda o: o._id):
+    for op in sorted(needed, key=tf_shim.creation_order):
         if op.type in FEEDABLE_ITERATOR_OPS:
             raise ModelError(f"the loss reads a feedable iterator ({op.name!r}, Iterator.from_string_handle), whose "
                              "handle must be fed at every step; parallax_tf drives the input itself. Use "

@@ -19,6 +19,7 @@ from typing import Callable, Dict, List
 import tensorflow as tf
 
 from parallax_tf import input_shard
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.keras_support import (creating_layer, describe_optimizer, is_legacy_keras_optimizer,
                                        keras_constants_stay_in_the_graph, legacy_keras_optimizer_class,
@@ -102,15 +103,14 @@ class _Recorder:
 
     @contextlib.contextmanager
     def recording(self):
-        from tensorflow.python.ops import gradients_util
-        helper = gradients_util._GradientsHelper
+        helper = tf_shim.gradients_helper()
         optimizer_class = tf.compat.v1.train.Optimizer
         apply = optimizer_class.apply_gradients
         keras_class = legacy_keras_optimizer_class()
         keras_apply = keras_class.apply_gradients if keras_class is not None else None
         new_class = new_keras_optimizer_class()
         new_apply = new_class.apply_gradients if new_class is not None else None
-        gradients_util._GradientsHelper = self._recorded_gradients(helper)
+        tf_shim.set_gradients_helper(self._recorded_gradients(helper))
         optimizer_class.apply_gradients = self._recorded_apply(apply)
         if keras_class is not None:
             keras_class.apply_gradients = self._recorded_keras_apply(keras_apply)
@@ -120,7 +120,7 @@ class _Recorder:
             with tf.variable_creator_scope(self._create_variable), keras_constants_stay_in_the_graph():
                 yield
         finally:
-            gradients_util._GradientsHelper = helper
+            tf_shim.set_gradients_helper(helper)
             optimizer_class.apply_gradients = apply
             if keras_class is not None:
                 keras_class.apply_gradients = keras_apply

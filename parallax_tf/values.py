@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.inspect_graph import logical_name
 
 
@@ -110,7 +111,7 @@ def collect_state(dgraph, layouts: Dict[str, Tuple[str, list]]) -> Dict[str, Ent
 
 
 def _offset(var) -> int:
-    info = var._get_save_slice_info()
+    info = tf_shim.save_slice_info(var)
     return info.var_offset[0] if info is not None and info.var_offset else 0
 
 

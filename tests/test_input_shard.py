@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import parallax_tf as ptf
 from parallax_tf import input_shard, model_init, training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.model import RunContext
 from tests import cases, launch, reference
 
@@ -100,14 +101,14 @@ def test_whole_pipeline_when_not_sharded(rank, size, shard, path):
 
 
 def test_patches_are_undone_even_when_model_fn_fails():
-    before = [vars(owner)[name] for owner, name in input_shard._PATCHED]
+    before = [vars(owner)[name] for owner, name in tf_shim.iterator_makers()]
 
     def failing(ctx):
         tf.compat.v1.data.make_one_shot_iterator(_dataset())
         raise RuntimeError("model_fn failed")
     with tf.Graph().as_default(), pytest.raises(RuntimeError, match="model_fn failed"):
         training_graph.build(failing, RunContext(rank=0, size=2))
-    assert [vars(owner)[name] for owner, name in input_shard._PATCHED] == before
+    assert [vars(owner)[name] for owner, name in tf_shim.iterator_makers()] == before
 
 
 def test_an_unshardable_iterator_is_said_once_on_rank_0(capsys, monkeypatch):

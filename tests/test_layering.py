@@ -140,24 +140,15 @@ def test_either_package_can_be_imported_first():
         assert "'hybrid', 'ps', 'allreduce', 'auto', 'slim_dp', 'ps_plus', 'stanza', 'dsp'" in proc.stdout
 
 
-def test_horovods_runner_is_reached_through_its_shim_only_and_every_pinned_name_exists():
-    """parallax_tf/runtime/horovod_runner.py holds every name of Horovod's runner the launcher
-    uses: no other module imports horovod.runner, and this Horovod has each pinned name (one that
-    moves in another release fails here, by name)."""
-    import horovod
-    from parallax_tf.runtime import horovod_runner
-    shim = os.path.join(ROOT, "parallax_tf", "runtime", "horovod_runner.py")
-    others = []
-    for module, path in _modules().items():
-        if path != shim and not module.startswith("tools"):
-            tree = ast.parse(open(path).read())
-            names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
-                [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-            others += [module for name in names if name.startswith("horovod.runner")]
-    assert not others, f"modules importing horovod.runner outside its shim: {sorted(set(others))}"
-    gone = horovod_runner.missing()
-    assert not gone, f"Horovod {horovod.__version__} has no {', '.join(gone)}: update {shim}"
-    assert {name for _, name in horovod_runner.PINNED} >= {"launch_gloo", "execute", "get_common_interfaces"}
+def test_compat_is_the_bottom_layer():
+    """parallax_tf/compat imports no other parallax_tf module; its Horovod shim imports none at
+    all (the launcher, run as a script, loads it by path without importing parallax_tf)."""
+    graph = _graph()
+    compat = {m: deps for m, deps in graph.items() if m.startswith("parallax_tf.compat")}
+    wrong = sorted((m, i) for m, deps in compat.items() for i in deps if not i.startswith("parallax_tf.compat"))
+    assert not wrong, f"parallax_tf/compat importing the rest of the toolkit: {wrong}"
+    assert not graph["parallax_tf.compat.horovod"]
+    assert "parallax_tf.compat.pins" in graph["parallax_tf.compat.tensorflow"]
 
 
 def test_a_route_is_named_only_where_it_is_defined():

@@ -8,6 +8,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ConfigError, ModelError
 
 
@@ -22,13 +24,13 @@ class KerasSpec:
         if not isinstance(model, tf_keras.Model):
             raise ModelError(f"ptf.fit takes a compiled tf_keras model or a function returning one; got "
                              f"{type(model).__name__}")
-        if not getattr(model, "_is_compiled", False):
+        if not keras_shim.is_compiled(model):
             raise ModelError("ptf.fit needs a compiled model: call model.compile(optimizer=..., loss=...) first")
         self.model = model
-        self.compiled = dict(model._compile_config.config)     # compile's own arguments (tf_keras private)
+        self.compiled = keras_shim.compile_config(model)
         # a subclassed model has no graph of layers to clone: the function form builds it and
         # the toolkit calls it on placeholders named after x's keys (or "x")
-        self.subclassed = not getattr(model, "_is_graph_network", False)
+        self.subclassed = not keras_shim.is_graph_network(model)
         if self.subclassed and self.builder is None:
             raise ModelError(f"ptf.fit takes a subclassed model ({type(model).__name__}) through a function that "
                              "builds and compiles it: ptf.fit(make_model, x, y, ...)")
@@ -117,17 +119,13 @@ class KerasSpec:
         Layer's base class (v1 graph or v2) when one is made, by rewriting the class's __bases__
         for every instance: the rebuild in the toolkit's graph left the eager model's classes
         on the v1 ones, whose evaluate, predict and save are the graph-mode ones."""
-        from tf_keras.src.engine import base_layer, base_layer_v1, training, training_v1
-        from tf_keras.src.utils.version_utils import swap_class
-        for layer in [self.model, *self.model._flatten_layers(include_self=False)]:
-            swap_class(type(layer), training.Model, training_v1.Model, use_v2=True)
-            swap_class(type(layer), base_layer.Layer, base_layer_v1.Layer, use_v2=True)
+        keras_shim.classes_on_v2_bases(self.model)
 
 
 def eagerly():
     """Eager execution inside the toolkit's graph (input_fn and hooks are called with it as the
     default): the script's own model and datasets live eagerly."""
-    return tf.__internal__.eager_context.eager_mode()
+    return tf_shim.eager_mode()
 
 
 def _legacy_optimizer(chosen):
@@ -138,7 +136,7 @@ def _legacy_optimizer(chosen):
         return tf_keras.optimizers.get(chosen, use_legacy_optimizer=True)
     if isinstance(chosen, (tf_keras.optimizers.legacy.Optimizer, tf.compat.v1.train.Optimizer)):
         return chosen
-    return tf_keras.__internal__.optimizers.convert_to_legacy_optimizer(chosen)
+    return keras_shim.to_legacy_optimizer(chosen)
 
 
 def _dividing_as_the_new_one(optimizer, converted: bool):

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.plan import human_bytes
 from parallax_tf.runtime import thread_cpu
 
@@ -278,8 +279,7 @@ class StepTracer:
     def record(self, step: int, metadata) -> None:
         if metadata is None:
             return
-        from tensorflow.python.client import timeline   # TF's own step_stats -> Chrome trace
-        trace = json.loads(timeline.Timeline(metadata.step_stats).generate_chrome_trace_format())
+        trace = json.loads(tf_shim.chrome_trace(metadata.step_stats))
         for event in trace["traceEvents"]:
             event.setdefault("args", {})["step"] = step
         self.events.extend(trace["traceEvents"])

@@ -33,17 +33,15 @@ import types
 from typing import Callable, List, Optional
 
 if __package__:
-    from parallax_tf.runtime import horovod_runner, remote
+    from parallax_tf.compat import horovod as horovod_runner
+    from parallax_tf.runtime import remote
+    from parallax_tf.runtime.rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
 else:                  # run as a script (see above): its folder is on the path, parallax_tf is not imported
-    import horovod_runner
     import remote
+    from rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
+    from remote import horovod_runner       # the shim, loaded by its path (remote.py)
 if __name__ == "__mp_main__":        # this module re-imported in Horovod's per-rank helper process
     horovod_runner.quiet_rank_stop()
-
-if __package__:
-    from parallax_tf.runtime.rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
-else:                  # run as a script, as above
-    from rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
 
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commits (parallax_tf.api)

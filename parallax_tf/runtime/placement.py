@@ -24,6 +24,7 @@ from typing import Callable, List
 import tensorflow as tf
 
 from parallax_tf import ops as compiled_ops
+from parallax_tf.compat import tensorflow as tf_shim
 
 
 def settle(graph, server_ranks: List[int], device_type: str = "CPU") -> None:
@@ -56,20 +57,13 @@ def drop_placements(graph) -> None:
 def map_devices(graph, new_device: Callable[[str, str], str]) -> None:
     """Sets every op's device to new_device(its device, its type), the ops inside the graph's
     functions too (a while loop's body is placed from those when TF lowers it)."""
-    from tensorflow.python.client import pywrap_tf_session as c_api
     for op in graph.get_operations():
         device = new_device(op.device, op.type)
         if device != op.device:
-            op._set_device(device)
+            tf_shim.set_device(op, device)
     for function in graph.as_graph_def().library.function:
         if all(new_device(node.device, node.op) == node.device for node in function.node_def):
             continue
         for node in function.node_def:
             node.device = new_device(node.device, node.op)
-        name = function.signature.name
-        c_api.TF_GraphRemoveFunction(graph._c_graph, name)
-        imported = c_api.TF_FunctionImportFunctionDef(function.SerializeToString())
-        try:
-            c_api.TF_GraphCopyFunction(graph._c_graph, imported, None)
-        finally:
-            c_api.TF_DeleteFunction(imported)
+        tf_shim.replace_graph_function(graph, function.signature.name, function)

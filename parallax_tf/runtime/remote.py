@@ -11,9 +11,14 @@ import socket
 from typing import List, Optional, Set, Tuple
 
 if __package__:
-    from parallax_tf.runtime import horovod_runner
-else:                  # the launcher run as a script: this folder is on the path
-    import horovod_runner
+    from parallax_tf.compat import horovod as horovod_runner
+else:                  # the launcher run as a script: this folder is on the path, parallax_tf is not imported
+    import importlib.util
+    _SHIM_SPEC = importlib.util.spec_from_file_location(
+        "parallax_tf_compat_horovod", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   "compat", "horovod.py"))
+    horovod_runner = importlib.util.module_from_spec(_SHIM_SPEC)
+    _SHIM_SPEC.loader.exec_module(horovod_runner)
 
 START_TIMEOUT_S = 60      # ssh checks and the interface discovery on every host, as horovodrun's --start-timeout
 

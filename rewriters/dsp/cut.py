@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax_tf import graph_walk, training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 
 _GRADIENT_OP = re.compile(r".*gradients(?:_\d+)?/(.+?)_grad/")
 
@@ -54,7 +55,7 @@ def find(loss: tf.Tensor, parts: Dict[str, list], op_seconds: Dict[str, float]) 
     reads = {op: _variables_of(op, storage) for op in forward}
     total_fwd, total_bwd = _seconds(forward, op_seconds)
     points, problems = [], {}
-    for op in sorted(forward, key=lambda o: o._id):
+    for op in sorted(forward, key=tf_shim.creation_order):
         for tensor in op.outputs:
             if not (tensor.dtype.is_floating and tensor.shape.rank):
                 continue
@@ -85,7 +86,7 @@ def _check(tensor, forward: set, reads: dict, op_seconds):
     shared = sorted(below_vars & above_vars)
     if shared:
         return f"variable {shared[0]!r} is read both below and above it", None
-    for op in sorted(above, key=lambda o: o._id):
+    for op in sorted(above, key=tf_shim.creation_order):
         for t in op.inputs:
             if t.op in below and t is not tensor and t.dtype != tf.resource and t.op.type not in graph_walk.INPUT_OPS:
                 if any(reads[a] for a in graph_walk.ancestors(t.op, data_only=True)):

@@ -22,6 +22,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf import ops, training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import WRITE_OPS, ancestors
 from parallax_tf.inspect_graph import logical_name
@@ -202,7 +203,7 @@ class _ServerState:
     def _non_slot_variables(self):
         if not isinstance(self.optimizer, tf.compat.v1.train.AdamOptimizer):
             return []
-        return list(self.optimizer._get_beta_accumulators())
+        return tf_shim.beta_accumulators(self.optimizer)
 
     # what values.collect_state asks of an optimizer
     def get_slot_names(self):
@@ -303,15 +304,15 @@ def _hyper(optimizer, kind: str):
     """The optimizer's learning rate and hyper-parameters as TF's own apply would see them
     (Python floats become float32 tensors, as the optimizers' _prepare makes them)."""
     def tensor(value):
-        value = optimizer._call_if_callable(value)
+        value = tf_shim.call_if_callable(optimizer, value)
         return value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
     if kind == "adam":
-        return tensor(optimizer._lr), {"beta1": tensor(optimizer._beta1), "beta2": tensor(optimizer._beta2),
-                                       "epsilon": tensor(optimizer._epsilon)}
+        lr, beta1, beta2, epsilon = tf_shim.adam_hyper_parameters(optimizer)
+        return tensor(lr), {"beta1": tensor(beta1), "beta2": tensor(beta2), "epsilon": tensor(epsilon)}
     if kind == "momentum":
-        return tensor(optimizer._learning_rate), {"momentum": tensor(optimizer._momentum),
-                                                  "use_nesterov": bool(optimizer._use_nesterov)}
-    return tensor(optimizer._learning_rate), {}
+        lr, momentum, use_nesterov = tf_shim.momentum_hyper_parameters(optimizer)
+        return tensor(lr), {"momentum": tensor(momentum), "use_nesterov": bool(use_nesterov)}
+    return tensor(tf_shim.learning_rate(optimizer)), {}
 
 
 def _pull_buffers(state: _ServerState):

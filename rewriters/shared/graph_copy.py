@@ -9,6 +9,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.graph_walk import ancestors
 
 
@@ -18,7 +19,7 @@ def copy_between(replace: Dict[str, tf.Tensor], outputs: List[tf.Tensor], suffix
     needed = set().union(*(ancestors(t.op, data_only=True) for t in outputs))
     mapping = dict(replace)
     graph = outputs[0].graph
-    for op in sorted(needed, key=lambda o: o._id):          # creation order: inputs first
+    for op in sorted(needed, key=tf_shim.creation_order):   # inputs first
         if not any(t.name in mapping for t in op.inputs) or op.name in mapping:
             continue
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
@@ -26,7 +27,7 @@ def copy_between(replace: Dict[str, tf.Tensor], outputs: List[tf.Tensor], suffix
             copied = graph.create_op(op.type, [mapping.get(t.name, t) for t in op.inputs],
                                      [t.dtype for t in op.outputs], name=op.name + suffix, attrs=attrs,
                                      op_def=op.op_def)
-        copied._add_control_inputs(op.control_inputs)
+        tf_shim.add_control_inputs(copied, op.control_inputs)
         mapping.update({original.name: new for original, new in zip(op.outputs, copied.outputs)})
     missing = [t.name for t in outputs if t.name not in mapping]
     if missing:

@@ -7,6 +7,7 @@ from typing import Dict
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import (HANDLE_PASS_THROUGH_OPS, RESOURCE_VARIABLE_OPS, WRITE_OPS, ancestors, feeding_op,
                                     reachable)
@@ -54,10 +55,10 @@ def without(target, dropped: set, gradient_ops: set, token: tf.Operation, throug
         if any(c in dropped for c in op.control_inputs):
             keep = [c for c in op.control_inputs if c not in dropped]
             extra = set().union(*(waited_for(c) for c in op.control_inputs if c in dropped)) - set(keep)
-            op._remove_all_control_inputs()
-            op._add_control_inputs(keep + sorted(extra, key=lambda o: o.name) + [token])
+            tf_shim.remove_all_control_inputs(op)
+            tf_shim.add_control_inputs(op, keep + sorted(extra, key=lambda o: o.name) + [token])
             if op.type == "NoOp":   # e.g. an optimizer's group of applies on a server: wait by the token
-                op._set_device(token.device)
+                tf_shim.set_device(op, token.device)
         used = [t for t in op.inputs if t.op in dropped]
         if used:
             raise ModelError(f"op {op.name!r} uses the output of {used[0].op.name!r}, which updates a variable "
@@ -107,7 +108,7 @@ def written_variables(op) -> list:
         return []
     found = []
     for tensor in op.inputs:
-        if tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype:
+        if tensor.dtype == tf.resource or tf_shim.is_ref_dtype(tensor.dtype):
             found.append(feeding_op(tensor, HANDLE_PASS_THROUGH_OPS))
     return found
 

@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.graph_walk import ancestors
 from rewriters.shared.rebuild import DistinctLookup
 from rewriters.shared.step_report import tensor_bytes
@@ -72,7 +73,7 @@ def _pack(device: str, names: List[str], lookups: Dict[str, DistinctLookup], var
         counts_on_server = sent[:len(names)]
         ids_on_server = tf.split(sent[len(names):], counts_on_server, num=len(names))
         for name, server_ids in zip(names, ids_on_server):
-            lookups[name].gather._update_input(1, server_ids)
+            tf_shim.update_input(lookups[name].gather, 1, server_ids)
         rows = [lookups[name].gather.outputs[0] for name in names]
         flat = [tf.reshape(r, [-1]) for r in rows]
         packed = tf.concat(flat, 0)

@@ -9,6 +9,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf import training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
 from parallax_tf.inspect_graph import logical_name
@@ -107,7 +108,6 @@ def pull_distinct_rows(variable, needed: set) -> dict:
     gradients are taken. Returns new gather -> (its expansion, the lookup's ids, DistinctLookup):
     the gradient is still taken per looked-up id, as single-device TF does (a gradient transform
     such as a global norm sees the same rows)."""
-    from tensorflow.python.ops import gen_resource_variable_ops
     expansions = {}
     for op in list(variable.handle.consumers()):
         if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0 or op not in needed:
@@ -115,8 +115,7 @@ def pull_distinct_rows(variable, needed: set) -> dict:
         ids, looked_up = op.inputs[1], op.outputs[0]
         distinct, position = tf.unique(tf.reshape(ids, [-1]))
         distinct = tf.cast(distinct, tf.int64)      # as a push's indices must be: the same tensor serves both
-        rows = gen_resource_variable_ops.resource_gather(variable.handle, distinct, dtype=looked_up.dtype,
-                                                          name=op.name + "_distinct")
+        rows = tf_shim.resource_gather(variable.handle, distinct, dtype=looked_up.dtype, name=op.name + "_distinct")
         row_shape = tf.shape(rows)[1:]
         expanded = tf.reshape(tf.gather(rows, position), tf.concat([tf.shape(ids), row_shape], 0))
         expanded.set_shape(looked_up.shape)

@@ -15,6 +15,7 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VALUE_PASS_THROUGH_OPS, VARIABLE_OPS, ancestors, feeding_op
 from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS
@@ -166,7 +167,7 @@ def _read_step_before_pushing(global_step, needed: set, gradient_ops: set, pushe
     reads = [op for op in global_step.handle.consumers() if op.type == "ReadVariableOp" and op in needed
              and not ancestors(op) & gradient_ops]
     for push in pushes:
-        push._add_control_inputs(reads)
+        tf_shim.add_control_inputs(push, reads)
 
 
 def detect_layouts(rebuilt, plan) -> Dict[str, str]:

@@ -25,6 +25,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import ancestors, descendants
 
@@ -62,7 +63,7 @@ def analyse(training, needed: set) -> Transform:
     region = descendants({op for grad in raw.values() for t in components(grad).values() for op in t.consumers()},
                          within=needed)
     depends: Dict[tf.Operation, frozenset] = {}
-    for op in sorted(region, key=lambda o: o._id):   # creation order: inputs come first
+    for op in sorted(region, key=tf_shim.creation_order):   # inputs come first
         deps = set()
         for t in op.inputs:
             if t.name in source:
@@ -149,7 +150,7 @@ def rewire(consumers_of: tf.Tensor, replacement: tf.Tensor, needed: set, skip=()
         if op in needed and op not in skip:
             for index, tensor in enumerate(op.inputs):
                 if tensor is consumers_of:
-                    op._update_input(index, replacement)
+                    tf_shim.update_input(op, index, replacement)
 
 
 def feed_global_gradients(transform: Transform, global_grads: Dict[str, object], needed: set) -> None:
@@ -192,7 +193,7 @@ def _copy_chain(reduction: tf.Operation, chain: list, source: tf.Tensor, replace
     """A copy of the element-wise `chain` and `reduction`, reading `replacement` for `source`."""
     mapping = {source.name: replacement}
     graph = reduction.graph
-    for op in sorted(set(chain) | {reduction}, key=lambda o: o._id):
+    for op in sorted(set(chain) | {reduction}, key=tf_shim.creation_order):
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
         copied = graph.create_op(op.type, [mapping.get(t.name, t) for t in op.inputs],
                                  [t.dtype for t in op.outputs], name=op.name.split("/")[-1] + "_rank_share",
@@ -224,4 +225,4 @@ def place_next_to_variables(transform: Transform, devices: Dict[str, str]) -> No
         if len(deps) == 1:
             device = devices.get(next(iter(deps)))
             if device:
-                op._set_device(device)
+                tf_shim.set_device(op, device)

@@ -18,7 +18,6 @@ parallelism: the global copy takes exactly the step single-device training takes
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import zlib
 from typing import Dict, List
@@ -26,6 +25,8 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf import training_graph
+from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.strategy import BuildRequest
 from rewriters.shared.pipeline import RouteState, SyncRoute
@@ -357,15 +358,11 @@ def _clone(optimizer):
     non-slot state) for the global copies."""
     if training_graph.is_legacy_keras_optimizer(optimizer):
         # get_config/from_config would read the hyper-parameters in a session of tf_keras' own
-        clone = copy.copy(optimizer)
-        clone._slots, clone._weights, clone._iterations, clone._deferred_slot_restorations = {}, [], None, {}
-        return clone
+        return keras_shim.fresh_legacy_copy(optimizer)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ModelError(f"slim_dp applies the model's optimizer to the global copy and needs a "
                          f"tf.compat.v1.train.Optimizer; got {type(optimizer).__name__}")
-    clone = copy.copy(optimizer)
-    clone._slots, clone._non_slot_dict, clone._deferred_slot_restorations = {}, {}, {}
-    return clone
+    return tf_shim.fresh_copy(optimizer)
 
 
 def _whole(pieces, like) -> tf.Tensor:

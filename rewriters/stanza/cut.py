@@ -22,6 +22,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf import graph_walk, training_graph
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from rewriters.stanza.split import CutTensor
 
@@ -90,7 +91,7 @@ def _uses(variable) -> set:
 
 def _cut_tensors(head_ops: set, forward: set, extractor_storage: set, head_storage: set) -> List[CutTensor]:
     found: Dict[str, CutTensor] = {}
-    for op in sorted(head_ops, key=lambda o: o._id):
+    for op in sorted(head_ops, key=tf_shim.creation_order):
         for tensor in op.inputs:
             if tensor.op in head_ops or tensor.name in found or tensor.dtype == tf.resource:
                 continue

@@ -1,34 +1,38 @@
 """Every name of Horovod's runner that the launcher uses beyond horovodrun's command line, in
-one place: Horovod 0.28.1 is its last release, so a name that moves is found here (PINNED, and
-tests/test_layering.py checks each one) rather than in a job that will not start.
+one place, each pinned (PINNED, checked by tests/test_compat.py): Horovod 0.28.1 is its last
+release, so a name that moves is found here rather than in a job that will not start. The rest
+of the toolkit uses horovod.tensorflow's public API only.
 
 Imports nothing but the standard library and Horovod: the launcher runs as a script and every
-per-rank helper process Horovod spawns re-imports it (see launcher.py)."""
+per-rank helper process Horovod spawns re-imports it (see runtime/launcher.py); there
+runtime/remote.py loads this file by its path, without importing parallax_tf."""
 from __future__ import annotations
 
 import importlib
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
-# (module, name) of everything below
-PINNED = [
-    ("horovod.runner.gloo_run", "launch_gloo"),
-    ("horovod.runner.gloo_run", "register_shutdown_event"),
-    ("horovod.runner.common.util.safe_shell_exec", "execute"),
-    ("horovod.runner.common.util.safe_shell_exec", "terminate_executor_shell_and_children"),
-    ("horovod.runner.launch", "_check_all_hosts_ssh_successful"),
-    ("horovod.runner.util.network", "filter_local_addresses"),
-    ("horovod.runner.util.remote", "get_remote_command"),
-    ("horovod.runner.driver.driver_service", "get_common_interfaces"),
-    ("horovod.runner.common.util.settings", "Settings"),
-    ("horovod.runner.common.util.secret", "make_secret_key"),
-    ("horovod.runner.common.util.timeout", "Timeout"),
+# (module, name, what the launcher uses it for)
+PINNED: List[Tuple[str, str, str]] = [
+    ("horovod.runner.gloo_run", "launch_gloo", "the ranks' gloo launch (launch_gloo)"),
+    ("horovod.runner.gloo_run", "register_shutdown_event", "swapped for our stop event (launch_gloo)"),
+    ("horovod.runner.common.util.safe_shell_exec", "execute", "a rank's helper process (execute)"),
+    ("horovod.runner.common.util.safe_shell_exec", "terminate_executor_shell_and_children",
+     "made quiet on a shell already gone (quiet_rank_stop)"),
+    ("horovod.runner.launch", "_check_all_hosts_ssh_successful", "horovodrun's ssh check (ssh_reaches)"),
+    ("horovod.runner.util.network", "filter_local_addresses", "the hosts that are not this one (remote_of)"),
+    ("horovod.runner.util.remote", "get_remote_command", "a rank's command over ssh (ssh_command)"),
+    ("horovod.runner.driver.driver_service", "get_common_interfaces",
+     "the hosts' common interfaces (common_interfaces)"),
+    ("horovod.runner.common.util.settings", "Settings", "the same"),
+    ("horovod.runner.common.util.secret", "make_secret_key", "the same"),
+    ("horovod.runner.common.util.timeout", "Timeout", "the same"),
 ]
 
 
 def missing() -> List[str]:
     """The pinned names this Horovod does not have, as module.name."""
     gone = []
-    for module, name in PINNED:
+    for module, name, _ in PINNED:
         try:
             found = hasattr(importlib.import_module(module), name)
         except ImportError:

@@ -1,0 +1,227 @@
+"""Every private TensorFlow name the toolkit uses, in one place: `tensorflow.python.*` modules,
+the graph-editing methods of TF's own Operation and Graph, the tf.compat.v1.train optimizers'
+hyper-parameters and state, tf.data's iterator makers. Each name is pinned (PINNED, checked by
+tests/test_compat.py on the installed TensorFlow), so a name that moves in a new release is
+found here, by name, rather than in a run that fails.
+
+Imports TensorFlow only inside the functions that need it: importing this module costs nothing
+(parallax_tf/devices.py imports no TensorFlow)."""
+from __future__ import annotations
+
+import copy
+from typing import Callable, List, Sequence, Tuple
+
+from parallax_tf.compat import pins
+
+# (where it lives, name, what the toolkit uses it for); a `where` ending in "()" is an instance
+PINNED: List[Tuple[str, str, str]] = [
+    ("tensorflow.python.ops.gradients_util", "_GradientsHelper",
+     "every gradient call of model_fn, recorded by swapping it (training_graph.py)"),
+    ("tensorflow.python.client.pywrap_tf_session", "TF_GraphRemoveFunction",
+     "a graph function re-placed (runtime/placement.py)"),
+    ("tensorflow.python.client.pywrap_tf_session", "TF_FunctionImportFunctionDef", "the same"),
+    ("tensorflow.python.client.pywrap_tf_session", "TF_GraphCopyFunction", "the same"),
+    ("tensorflow.python.client.pywrap_tf_session", "TF_DeleteFunction", "the same"),
+    ("tensorflow.python.client.timeline", "Timeline", "a traced step as a Chrome trace (runtime/hooks.py)"),
+    ("tensorflow.python.framework.kernels", "get_registered_kernels_for_op",
+     "which op types have a GPU kernel (devices.py)"),
+    ("tensorflow.python.ops.gen_resource_variable_ops", "resource_gather",
+     "a PS variable's distinct rows, read once (rewriters/shared/rebuild.py)"),
+    ("tensorflow.python.data.ops.dataset_ops", "DatasetV1", "its iterator makers, patched to shard (input_shard.py)"),
+    ("tensorflow.python.data.ops.dataset_ops.DatasetV1", "_make_one_shot_iterator", "the same"),
+    ("tensorflow.python.data.ops.dataset_ops.DatasetV1", "_make_initializable_iterator", "the same"),
+    ("tensorflow.python.data.ops.dataset_ops", "DatasetV2", "what a dataset is (input_shard.py)"),
+    ("tensorflow.python.data.ops.iterator_ops", "Iterator", "make_initializer, patched to shard (input_shard.py)"),
+    ("tensorflow.python.data.ops.iterator_ops.Iterator", "make_initializer", "the same"),
+    ("tensorflow.python.data.ops.iterator_ops.Iterator()", "_iterator_resource",
+     "the op of an iterator the toolkit sharded (input_shard.py)"),
+    ("tensorflow.__internal__.eager_context", "eager_mode", "eager execution inside a graph (fit/spec.py)"),
+    ("tensorflow.Operation", "_id", "ops in creation order (inputs first)"),
+    ("tensorflow.Operation", "_add_control_inputs", "a control dependency added to an existing op"),
+    ("tensorflow.Operation", "_remove_all_control_inputs", "an op's control dependencies replaced"),
+    ("tensorflow.Operation", "_update_input", "an op's input rewired"),
+    ("tensorflow.Operation", "_set_device", "an existing op re-placed"),
+    ("tensorflow.Graph()", "_c_graph", "the graph's C handle, for its functions (runtime/placement.py)"),
+    ("tensorflow.DType", "_is_ref_dtype", "a reference-typed tensor (rewriters/shared/pruning.py)"),
+    ("tensorflow.Variable", "_get_save_slice_info", "the parts of a partitioned variable"),
+    ("tensorflow.compat.v1.train.Optimizer", "_call_if_callable", "a hyper-parameter given as a callable"),
+    ("tensorflow.compat.v1.train.AdamOptimizer", "_get_beta_accumulators", "Adam's non-slot state"),
+    ("tensorflow.compat.v1.train.AdamOptimizer()", "_lr", "Adam's hyper-parameters (rewriters/ps_plus)"),
+    ("tensorflow.compat.v1.train.AdamOptimizer()", "_beta1", "the same"),
+    ("tensorflow.compat.v1.train.AdamOptimizer()", "_beta2", "the same"),
+    ("tensorflow.compat.v1.train.AdamOptimizer()", "_epsilon", "the same"),
+    ("tensorflow.compat.v1.train.MomentumOptimizer()", "_learning_rate",
+     "Momentum's hyper-parameters (rewriters/ps_plus)"),
+    ("tensorflow.compat.v1.train.MomentumOptimizer()", "_momentum", "the same"),
+    ("tensorflow.compat.v1.train.MomentumOptimizer()", "_use_nesterov", "the same"),
+    ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_learning_rate",
+     "its learning rate (rewriters/ps_plus)"),
+    ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_slots",
+     "an optimizer's copy with state of its own (rewriters/slim_dp)"),
+    ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_non_slot_dict", "the same"),
+    ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_deferred_slot_restorations", "the same"),
+]
+
+
+def _samples() -> dict:
+    import tensorflow as tf
+    train = tf.compat.v1.train
+
+    def iterator():
+        with tf.Graph().as_default():
+            return tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(1))
+    return {"tensorflow.Graph()": tf.Graph,
+            "tensorflow.python.data.ops.iterator_ops.Iterator()": iterator,
+            "tensorflow.compat.v1.train.AdamOptimizer()": lambda: train.AdamOptimizer(0.1),
+            "tensorflow.compat.v1.train.MomentumOptimizer()": lambda: train.MomentumOptimizer(0.1, 0.9),
+            "tensorflow.compat.v1.train.GradientDescentOptimizer()": lambda: train.GradientDescentOptimizer(0.1)}
+
+
+def missing() -> List[str]:
+    """The pinned names this TensorFlow does not have, as where.name."""
+    return pins.unresolved(PINNED, _samples())
+
+
+# ---- gradients ------------------------------------------------------------------------------
+
+def gradients_helper() -> Callable:
+    """The function every tf.gradients / tf.compat.v1.gradients call goes through."""
+    from tensorflow.python.ops import gradients_util
+    return gradients_util._GradientsHelper
+
+
+def set_gradients_helper(helper: Callable) -> None:
+    """Makes `helper` the function gradient calls go through (gradients_helper() restores it)."""
+    from tensorflow.python.ops import gradients_util
+    gradients_util._GradientsHelper = helper
+
+
+# ---- ops and graphs ---------------------------------------------------------------------------
+
+def creation_order(op) -> int:
+    """A sort key: an op made before another has a smaller one (its inputs come first)."""
+    return op._id
+
+
+def add_control_inputs(op, ops: Sequence) -> None:
+    """`op` runs after each of `ops` too."""
+    op._add_control_inputs(ops)
+
+
+def remove_all_control_inputs(op) -> None:
+    op._remove_all_control_inputs()
+
+
+def update_input(op, index: int, tensor) -> None:
+    """`op`'s input `index` is `tensor` from now on."""
+    op._update_input(index, tensor)
+
+
+def set_device(op, device: str) -> None:
+    """Places an op already in the graph."""
+    op._set_device(device)
+
+
+def is_ref_dtype(dtype) -> bool:
+    return dtype._is_ref_dtype
+
+
+def replace_graph_function(graph, name: str, function_def) -> None:
+    """The function `name` of `graph`'s library replaced by `function_def` (a FunctionDef)."""
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    c_api.TF_GraphRemoveFunction(graph._c_graph, name)
+    imported = c_api.TF_FunctionImportFunctionDef(function_def.SerializeToString())
+    try:
+        c_api.TF_GraphCopyFunction(graph._c_graph, imported, None)
+    finally:
+        c_api.TF_DeleteFunction(imported)
+
+
+def registered_kernels(op_type: str) -> list:
+    """The KernelDefs this TensorFlow registers for `op_type` (raises for an op type TF does not know)."""
+    from tensorflow.python.framework import kernels
+    return kernels.get_registered_kernels_for_op(op_type).kernel
+
+
+def resource_gather(handle, indices, dtype, name: str):
+    """The rows `indices` of a resource variable (by its handle), as one op of the graph."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+    return gen_resource_variable_ops.resource_gather(handle, indices, dtype=dtype, name=name)
+
+
+def chrome_trace(step_stats) -> str:
+    """A traced step's step_stats (RunMetadata.step_stats) as a Chrome trace (JSON text)."""
+    from tensorflow.python.client import timeline
+    return timeline.Timeline(step_stats).generate_chrome_trace_format()
+
+
+def eager_mode():
+    """A context in which ops run eagerly, inside a graph-mode default graph too."""
+    import tensorflow as tf
+    return tf.__internal__.eager_context.eager_mode()
+
+
+# ---- variables ----------------------------------------------------------------------------------
+
+def save_slice_info(variable):
+    """TF's own record of which part of a partitioned variable `variable` is (None if whole)."""
+    return variable._get_save_slice_info()
+
+
+# ---- tf.data ------------------------------------------------------------------------------------
+
+def iterator_makers() -> Tuple[Tuple[type, str], ...]:
+    """(class, method name) of what binds a dataset to a graph-mode iterator. Every such iterator
+    goes through one of the first two (tf.compat.v1.data.make_one_shot_iterator /
+    make_initializable_iterator call them, as do the deprecated Dataset methods, through
+    DatasetV1Adapter for a tf.data.Dataset); a reinitializable iterator
+    (Iterator.from_structure) is bound to a dataset by the third."""
+    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    return ((dataset_ops.DatasetV1, "_make_one_shot_iterator"),
+            (dataset_ops.DatasetV1, "_make_initializable_iterator"),
+            (iterator_ops.Iterator, "make_initializer"))
+
+
+def is_dataset(value) -> bool:
+    from tensorflow.python.data.ops import dataset_ops
+    return isinstance(value, dataset_ops.DatasetV2)
+
+
+def iterator_resource(iterator):
+    """A graph-mode iterator's resource tensor."""
+    return iterator._iterator_resource
+
+
+# ---- tf.compat.v1.train optimizers --------------------------------------------------------------
+
+def call_if_callable(optimizer, value):
+    """A hyper-parameter's value: called first when given as a callable, as the optimizer does."""
+    return optimizer._call_if_callable(value)
+
+
+def adam_hyper_parameters(optimizer) -> tuple:
+    """An AdamOptimizer's (learning rate, beta1, beta2, epsilon), as given."""
+    return optimizer._lr, optimizer._beta1, optimizer._beta2, optimizer._epsilon
+
+
+def momentum_hyper_parameters(optimizer) -> tuple:
+    """A MomentumOptimizer's (learning rate, momentum, use_nesterov), as given."""
+    return optimizer._learning_rate, optimizer._momentum, optimizer._use_nesterov
+
+
+def learning_rate(optimizer):
+    """The learning rate of an optimizer that keeps it as _learning_rate (GradientDescent, ...)."""
+    return optimizer._learning_rate
+
+
+def beta_accumulators(optimizer) -> list:
+    """An AdamOptimizer's non-slot variables (beta1 and beta2 powers)."""
+    return list(optimizer._get_beta_accumulators())
+
+
+def fresh_copy(optimizer):
+    """A copy of a tf.compat.v1.train optimizer (same hyper-parameters) with slots and non-slot
+    state of its own."""
+    clone = copy.copy(optimizer)
+    clone._slots, clone._non_slot_dict, clone._deferred_slot_restorations = {}, {}, {}
+    return clone
