@@ -1,8 +1,8 @@
 """Routes: how a variable's value and gradient travel between ranks, each describing itself.
 
 A route tells the planner where a variable goes (on the parameter servers, sharded by rows, or a
-layout of its own), what one rank moves for it per step, and what the plan's table shows of its
-shards; the rewriters build it in the graph. The core's routes are here; a technique registers
+layout of its own), what one rank moves for it per step, what the plan's table shows of its
+shards, and the synchronous step how to build it (`sync_route`). The core's routes are here; a technique registers
 its own from its package (`register`), and the planner and the plan ask the route, never its
 name. `python -c "import parallax_tf; from parallax_tf import routes; print(routes.describe())"`
 lists them.
@@ -19,6 +19,9 @@ class Route:
     on_servers: bool = False   # its value lives on the parameter servers, sharded by rows by the planner
     trained: bool = True       # False: model state, updated by the model's own ops
     fused: bool = False        # dense tensors go through Horovod's fused AllReduce (fusion groups)
+    # How the synchronous step builds it: a factory (request, rebuilt, entries) -> its SyncRoute
+    # (rewriters/shared/pipeline.py). None: the step builds it itself (PS, AllReduce) or cannot.
+    sync_route = None
 
     def place(self, entry, info, request, server_load) -> None:
         """Lays the variable out beyond the planner's row sharding (shards, copies, params)."""

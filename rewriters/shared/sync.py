@@ -11,10 +11,11 @@ Further routes (SyncRoute, rewriters/shared/pipeline.py) join through `assemble`
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import tensorflow as tf
 
+from parallax_tf import routes as route_lib
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VALUE_PASS_THROUGH_OPS, VARIABLE_OPS, ancestors, feeding_op
@@ -31,16 +32,22 @@ from rewriters.shared.step_report import StepReport
 
 
 
-def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str,
-             extra_routes: Optional[Dict[str, RouteFactory]] = None) -> DistributedGraph:
-    """This rank's synchronous step over `allowed_routes` (PS, AllReduce) and `extra_routes`
-    (route name -> the factory of its SyncRoute), stage by stage."""
-    extra_routes = extra_routes or {}
-    check_routes(request.plan, [*allowed_routes, *extra_routes, ROUTE_LOCAL], strategy)
+def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str) -> DistributedGraph:
+    """This rank's synchronous step over `allowed_routes`, stage by stage: PS and AllReduce, and
+    any further route by the SyncRoute its registry entry builds (routes.Route.sync_route)."""
+    extra_routes = {name: _sync_route(name) for name in allowed_routes if name not in (ROUTE_PS, ROUTE_ALLREDUCE)}
+    check_routes(request.plan, [*allowed_routes, ROUTE_LOCAL], strategy)
     sync = _Assembly(request)              # the model rebuilt; its step advances the global step
     sync.route_gradients(extra_routes)     # every route's global gradients
     sync.feed_transform()                  # the model's transform and applies read them
     return sync.ending(sync.rank_step())   # rank 0's step or another rank's; the shared ending
+
+
+def _sync_route(name: str) -> RouteFactory:
+    factory = route_lib.get(name).sync_route
+    if factory is None:
+        raise ValueError(f"route {name!r} has no sync_route: the synchronous step cannot build it")
+    return factory
 
 
 class _Assembly:

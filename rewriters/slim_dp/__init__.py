@@ -19,6 +19,7 @@ class Significant(routes.Route):
     name = "significant"
     summary = ("Slim-DP: a global copy on the PS (flat, split into shards of elements), a local replica on every "
                "rank; each round only the significant + explored coordinates are pushed, averaged, applied, pulled")
+    sync_route = SignificantRoute
 
     def place(self, entry, info, request, server_load):
         split_elements(entry, info, request.num_hosts, server_load)
@@ -53,7 +54,7 @@ class SlimDP(strategy.Strategy):
         return strategy.Decisions(routes)
 
     def rewrite(self, request):
-        return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), self.name, {ROUTE_SIGNIFICANT: SignificantRoute})
+        return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_SIGNIFICANT), self.name)
 
 
 def split_elements(entry, info, num_hosts: int, load) -> None:
