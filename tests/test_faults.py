@@ -154,7 +154,7 @@ def test_ctrl_c_is_named_sigint_and_stops_every_rank():
 def _processes_of(marks: str) -> str:
     """The job's processes still alive (the user's, the launcher, Horovod's helpers, the ranks)
     and, where py-spy is installed, their Python stacks: what a job that did not end waits on."""
-    listing = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,etimes,args"], capture_output=True, text=True).stdout
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,sid,stat,etimes,args"], capture_output=True, text=True).stdout
     alive = [line for line in listing.splitlines() if marks in line or "launcher.py" in line or "multiprocessing" in line]
     stacks = []
     spy = os.path.join(os.path.dirname(launch.PYTHON), "py-spy")

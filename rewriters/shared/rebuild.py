@@ -39,6 +39,12 @@ class Rebuilt:
     def loss(self):
         return self.training.loss
 
+    def require_a_gradient(self) -> None:
+        """A step that would train nothing is the user's mistake: one clear message."""
+        if all(g is None for grads in self.grads.values() for g in grads):
+            raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
+                             "depends on the model's variables")
+
 
 def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False, distinct_pulls: bool = False) -> Rebuilt:
     """Calls model_fn (and, for the optimizer form, minimize) in the current default graph with

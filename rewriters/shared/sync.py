@@ -59,9 +59,7 @@ class _Assembly:
         self.request, self.topo = request, topo
         self.rebuilt = rebuild(request, distinct_pulls=True)
         self.training = self.rebuilt.training
-        if all(g is None for grads in self.rebuilt.grads.values() for g in grads):
-            raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
-                             "depends on the model's variables")
+        self.rebuilt.require_a_gradient()
         self.ps_entries, self.ar_entries = plan.on_route(ROUTE_PS), plan.on_route(ROUTE_ALLREDUCE)
         self.target, self.global_step = advancing_global_step(
             self.training, "/job:ps/task:0" if self.ps_entries else topo.worker_device)

@@ -56,9 +56,7 @@ def rewrite(request: BuildRequest) -> DistributedGraph:
                                                                    size=len(split.conv_ranks)))
     rebuilt = rebuild(request, on_servers=[])
     training = rebuilt.training
-    if all(g is None for grads in rebuilt.grads.values() for g in grads):
-        raise ModelError("no trainable variable gets a gradient from the loss: check that the loss "
-                         "depends on the model's variables")
+    rebuilt.require_a_gradient()
     graph = tf.compat.v1.get_default_graph()
     head = {v.name for v in plan.on_route(ROUTE_FC_NODE)}
     head_state = {v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("ranks") == split.fc_ranks}
