@@ -4,6 +4,7 @@
   horovod_dense  the same with sparse_as_dense=True
   tf_ps          replica_device_setter (greedy by bytes) + SyncReplicasOptimizer
   single         one process, plain TF: the compute time a step needs with no communication
+  tf_mwms        tf.distribute.MultiWorkerMirroredStrategy in TF2 (tools/baselines_mwms.py)
 Each returns per-step wall times and examples per step, like parallax_tf.run's Result."""
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.training_graph import call_model_fn
 from tools import link_counters
 
-BASELINES = ("horovod", "horovod_dense", "tf_ps", "single")
+BASELINES = ("horovod", "horovod_dense", "tf_ps", "tf_mwms", "single")
 STALE_RUNS_CAP = 4
 
 
@@ -36,6 +37,9 @@ def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_thread
         process = pool_threads.ProcessConfig(pool_threads.choose(flags.FLAGS.threads, 1))
         return {**_single(model_fn, input_fn, steps, seed, process, profile_threads_from),
                 "pool_threads": process.threads}
+    if name == "tf_mwms":       # eager TF2 with its own servers: the model's TF2 form, from --model
+        from tools import baselines_mwms
+        return baselines_mwms.run(input_fn, steps, profile_threads_from)
     cluster = start_cluster(None, None, threads=flags.FLAGS.threads, host_job="ps" if name == "tf_ps" else None)
     topo = cluster.topology
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0)

@@ -28,7 +28,7 @@ flags.DEFINE_string("json", None, "Write the results here (and a PNG beside it).
 flags.DEFINE_integer("job_timeout_s", 600, "A strategy still running after this long is stopped and "
                      "reported as failed.")
 FLAGS = flags.FLAGS
-BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps")
+BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps", "tf_mwms")
 
 
 def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str, delay: str,

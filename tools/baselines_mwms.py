@@ -1,0 +1,266 @@
+"""tf_mwms: tf.distribute.MultiWorkerMirroredStrategy as a TF2 user writes it, for tools.bench.
+
+Each rank is one MWMS worker with one replica (its CPU). The ranks learn each other's host:port
+through one Horovod allgather (as runtime/cluster.py does) and build TF_CONFIG from it; MWMS
+then starts its own gRPC server and runs TF's collective ops over it
+(`CommunicationImplementation.RING`). The step is TF2's custom training loop: a `tf.function`
+calling `strategy.run`, a per-example loss scaled by the global batch
+(`tf.nn.compute_average_loss`), a `GradientTape`, and tf_keras optimizers applied in the
+replica, which sum the gradients over the workers (`ReplicaContext.all_reduce(SUM)`, from
+`tf_keras.src.optimizers.utils.all_reduce_sum_gradients`). tf_keras (Keras 2) rather than
+Keras 3: its legacy optimizers run the fused sparse kernels of the tf.compat.v1 optimizers the
+reference models use (Adagrad; FTRL on recsys' wide part). MWMS broadcasts every variable's
+initial value, the slots' included, from worker 0.
+
+Sparse gradients stay IndexedSlices and are all-gathered, not densified: MWMS's
+`CollectiveAllReduce._all_reduce` splits the gradients by sparsity, packs the dense ones into
+ring all-reduces, and hands each IndexedSlices to
+`CollectiveReplicaLauncher.all_reduce_indexed_slices`
+(tensorflow/python/distribute/cross_device_utils.py, the copy in .venv): it all-gathers the
+slices' lengths, then the values and the indices (padded to the longest when the workers'
+lengths differ). Duplicate rows are summed by the optimizer's sparse apply, as under Horovod.
+
+The models are the TF2 forms of models/lm.py and models/recsys.py at the sizes their flags
+give (--lm_*, --recsys_*): the same variables and shapes, initialisers, losses, optimizers and
+learning rates, fed the same per-rank batches (the reference model's input_fn). recsys'
+feature columns become what they compute: `to_hash_bucket_fast` of the value (ints as
+strings), vocabulary lookups, a hashed cross, one embedding row per feature.
+
+ParameterServerStrategy is not a baseline here, though it starts on this rig: under
+tools.cluster (2 hosts) rank 0 serving the `chief` (the coordinator, in-process), a `ps` and
+a `worker` task, each other rank a `worker` (addresses through Horovod as above), a
+`ClusterCoordinator` ran 20 scheduled Adagrad steps on an embedding. What is missing is a
+measurement that means what the other rows mean: the coordinator alone runs the loop and
+`schedule` sends each step, with its batch as arguments from the coordinator, to whichever
+worker is free, asynchronously, so the ranks have no steps of their own to time, no per-rank
+step CPU, and the coordinator's link carries every batch. Fitting that into tools.bench's
+per-rank figures is a design of its own, not done.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import flags
+
+from models import recsys
+from parallax_tf import threads as pool_threads
+from parallax_tf.model import RunContext
+from parallax_tf.runtime import bind
+from parallax_tf.runtime.cluster import free_ports
+from parallax_tf.runtime.hooks import StepStats
+from tools import link_counters
+
+FLAGS = flags.FLAGS
+
+
+def run(input_fn, steps: int, profile_from: int = -1) -> dict:
+    """Trains --model for `steps` steps as one MWMS worker; the figures of baselines._loop."""
+    import horovod.tensorflow as hvd
+    strategy, threads = start_worker(hvd, FLAGS.threads)
+    with strategy.scope():
+        model = build(FLAGS.model, sizes_from_flags(FLAGS.model), rank=hvd.rank(), ranks=hvd.size())
+    step = train_step(strategy, model)
+    ctx = RunContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), 0)
+    figures = _loop(step, input_fn, ctx, steps, profile_from)
+    # the loss of the global batch: the ranks' means, averaged once at the end (not a
+    # collective per step that the user's loop would not have)
+    every = np.array(hvd.allgather_object(figures.pop("own_losses")))
+    return {**figures, "losses": [float(x) for x in every.mean(axis=0)], "pool_threads": threads}
+
+
+def start_worker(hvd, threads: str):
+    """This rank as MWMS worker hvd.rank() of hvd.size(); TF's pools sized as the other runs'."""
+    hvd.init()
+    pool = pool_threads.choose(threads, hvd.local_size())
+    tf.config.threading.set_inter_op_parallelism_threads(pool)
+    tf.config.threading.set_intra_op_parallelism_threads(pool)
+    address = bind.choose_address(None)
+    port = free_ports(address, 1, None, hvd.local_rank())[0]
+    # in a graph and session of its own: an eager op would start TF's eager runtime, after which
+    # MWMS can no longer configure its collectives ("must be configured at program startup")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        workers = hvd.allgather_object(f"{address}:{port}", session=session)
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                          "task": {"type": "worker", "index": hvd.rank()}})
+    ring = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring), pool
+
+
+def _loop(step, input_fn, ctx, steps, profile_from) -> dict:
+    # traced before the loop: the trace creates the optimizers' slots, which MWMS initialises by
+    # a broadcast from worker 0 (26 MB for lm's Adagrad), a set-up the other runs do before
+    # their loops too
+    step.get_concrete_function(_batch(input_fn, ctx))
+    stats, examples, losses = StepStats(profile_from), 0, []
+    link_before = link_counters.read() if ctx.local_rank == 0 else None
+    for number in range(steps):
+        ctx.step = number
+        batch = _batch(input_fn, ctx)
+        begin = time.perf_counter()
+        loss = float(step(batch))         # reading the loss waits for the step
+        examples = len(next(iter(batch.values()))) * ctx.size
+        stats.add(time.perf_counter() - begin, {}, examples)
+        losses.append(loss)
+    link_after = link_counters.read() if link_before else None
+    return {"step_times": stats.times, "examples_per_step": examples, "step_cpu_s": stats.cpu_times,
+            "thread_cpu_s_per_step": stats.thread_cpu_per_step(), "own_losses": losses,
+            "link_bytes": link_counters.difference(link_before, link_after)}
+
+
+def _batch(input_fn, ctx) -> dict:
+    return {name: tf.constant(value) for name, value in input_fn(ctx).items()}
+
+
+def train_step(strategy, model):
+    """The tf.function of one step: each replica's loss, gradients and the optimizers' applies
+    (which all-reduce the gradients); returns this worker's mean loss."""
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            losses = model.losses(batch)
+            scaled = tf.nn.compute_average_loss(losses, global_batch_size=model.global_rows(batch))
+        grads = tape.gradient(scaled, model.variables)
+        for optimizer, chosen in model.optimizers:
+            optimizer.apply_gradients([(grads[i], model.variables[i]) for i in chosen])
+        return tf.reduce_mean(losses)
+
+    @tf.function
+    def step(batch):
+        return strategy.experimental_local_results(strategy.run(replica_step, args=(batch,)))[0]
+    return step
+
+
+def sizes_from_flags(name: str) -> dict:
+    if name == "lm":
+        return dict(vocab=FLAGS.lm_vocab, dim=FLAGS.lm_dim, hidden=FLAGS.lm_hidden, num_steps=FLAGS.lm_num_steps,
+                    num_sampled=FLAGS.lm_num_sampled, learning_rate=FLAGS.lm_learning_rate)
+    if name == "recsys":
+        return dict(user_buckets=FLAGS.recsys_user_buckets, item_buckets=FLAGS.recsys_item_buckets,
+                    buckets=FLAGS.recsys_buckets, hidden=[int(u) for u in FLAGS.recsys_hidden],
+                    ftrl_rate=FLAGS.recsys_ftrl_rate, learning_rate=FLAGS.recsys_learning_rate)
+    raise ValueError(f"tf_mwms trains the lm and recsys models, not {name!r}")
+
+
+def build(name: str, sizes: dict, rank: int = 0, ranks: int = 1):
+    """The TF2 model (inside the strategy's scope, so its variables are mirrored)."""
+    return (LanguageModel if name == "lm" else WideDeep)(rank=rank, ranks=ranks, **sizes)
+
+
+def _legacy_optimizers():
+    import tf_keras
+    return tf_keras.optimizers.legacy
+
+
+def _uniform(shape, seed, limit):
+    return tf.random.stateless_uniform(shape, seed=(seed, 0), minval=-limit, maxval=limit)
+
+
+class LanguageModel:
+    """models/lm.py in TF2: embedding, a hand-unrolled LSTM, sampled softmax, Adagrad."""
+
+    def __init__(self, vocab, dim, hidden, num_steps, num_sampled, learning_rate, rank=0, ranks=1):
+        self.hidden, self.num_steps, self.num_sampled, self.vocab = hidden, num_steps, num_sampled, vocab
+        self.rank, self.ranks = rank, ranks
+        self.embedding = tf.Variable(_uniform([vocab, dim], 7, 0.1), name="embedding")
+        glorot = np.sqrt(6.0 / (dim + hidden + 4 * hidden))
+        self.kernel = tf.Variable(_uniform([dim + hidden, 4 * hidden], 11, glorot), name="lstm/kernel")
+        self.bias = tf.Variable(tf.zeros([4 * hidden]), name="lstm/bias")
+        self.softmax_w = tf.Variable(_uniform([vocab, hidden], 13, 0.1), name="softmax_w")
+        self.softmax_b = tf.Variable(tf.zeros([vocab]), name="softmax_b")
+        self.variables = [self.embedding, self.kernel, self.bias, self.softmax_w, self.softmax_b]
+        self.optimizers = [(_legacy_optimizers().Adagrad(learning_rate), range(5))]
+
+    def global_rows(self, batch):
+        return tf.size(batch["labels"]) * self.ranks
+
+    def losses(self, batch):
+        inputs = tf.nn.embedding_lookup(self.embedding, batch["ids"])
+        c = h = tf.zeros([tf.shape(inputs)[0], self.hidden])
+        outputs = []
+        for t in range(self.num_steps):
+            gates = tf.nn.bias_add(tf.matmul(tf.concat([inputs[:, t], h], axis=1), self.kernel), self.bias)
+            i, j, f, o = tf.split(gates, 4, axis=1)
+            c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
+            h = tf.sigmoid(o) * tf.tanh(c)
+            outputs.append(h)
+        # the reference's sampler seed: one per rank, so the same negatives as the other runs draw
+        return tf.nn.sampled_softmax_loss(
+            self.softmax_w, self.softmax_b, tf.reshape(batch["labels"], [-1, 1]),
+            tf.reshape(tf.stack(outputs, axis=1), [-1, self.hidden]), self.num_sampled, self.vocab,
+            seed=1 + self.rank)
+
+
+class WideDeep:
+    """models/recsys.py in TF2: the wide part (one weight per bucket, FTRL) and the deep part
+    (embeddings into an MLP, Adagrad) of the same nine features and cross."""
+
+    def __init__(self, user_buckets, item_buckets, buckets, hidden, ftrl_rate, learning_rate, rank=0, ranks=1):
+        self.ranks = ranks
+        self.sizes = dict(user_buckets=user_buckets, item_buckets=item_buckets, buckets=buckets)
+        self.buckets = buckets
+        self.tables = {name: tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            list(words), tf.range(len(words), dtype=tf.int64)), -1) for name, words in recsys.VOCABULARIES.items()}
+        rows = {name: self._rows(name) for name in recsys.FEATURES}
+        wide = [tf.Variable(tf.zeros([rows[n], 1]), name=f"wide/{n}") for n in recsys.FEATURES]
+        wide += [tf.Variable(tf.zeros([buckets, 1]), name="wide/cross"), tf.Variable(tf.zeros([1]), name="wide/bias")]
+        deep = [tf.Variable(tf.random.stateless_truncated_normal([rows[n], width], seed=(500 + i, 0),
+                                                                 stddev=1.0 / np.sqrt(width)), name=f"deep/{n}")
+                for i, (n, (_, _, width)) in enumerate(recsys.FEATURES.items())]
+        width = sum(w for _, _, w in recsys.FEATURES.values())
+        for index, units in enumerate([*hidden, 1], start=1):
+            # variance_scaling_initializer(2 for ReLU layers, 1 for the logit), truncated normal
+            scale = 2.0 if index <= len(hidden) else 1.0
+            stddev = np.sqrt(scale / width) / 0.87962566103423978
+            deep += [tf.Variable(tf.random.stateless_truncated_normal([width, units], seed=(600 + index, 0),
+                                                                      stddev=stddev), name=f"deep/fc{index}/kernel"),
+                     tf.Variable(tf.zeros([units]), name=f"deep/fc{index}/bias")]
+            width = units
+        self.wide, self.deep, self.variables = wide, deep, wide + deep
+        legacy = _legacy_optimizers()
+        self.optimizers = [(legacy.Ftrl(ftrl_rate), range(len(wide))),
+                           (legacy.Adagrad(learning_rate), range(len(wide), len(wide) + len(deep)))]
+
+    def _rows(self, name):
+        dtype, size_key, _ = recsys.FEATURES[name]
+        return len(recsys.VOCABULARIES[name]) if size_key is None else self.sizes[size_key]
+
+    def _ids(self, name, values):
+        dtype, size_key, _ = recsys.FEATURES[name]
+        if size_key is None:
+            return self.tables[name].lookup(values)
+        text = values if dtype == tf.string else tf.strings.as_string(values)
+        return tf.strings.to_hash_bucket_fast(text, self.sizes[size_key])
+
+    def global_rows(self, batch):
+        return tf.size(batch["label"]) * self.ranks
+
+    def losses(self, batch):
+        ids = {name: self._ids(name, batch[name]) for name in recsys.FEATURES}
+        cross = tf.sparse.cross_hashed([tf.expand_dims(batch[n], 1) for n in recsys.CROSS], self.buckets).values
+        n = len(recsys.FEATURES)
+        wide = tf.add_n([tf.nn.embedding_lookup(w, ids[name]) for w, name in zip(self.wide, recsys.FEATURES)]
+                        + [tf.nn.embedding_lookup(self.wide[n], cross)]) + self.wide[n + 1]
+        x = tf.concat([tf.nn.embedding_lookup(e, ids[name]) for e, name in zip(self.deep, recsys.FEATURES)], axis=1)
+        layers = self.deep[n:]
+        for k in range(0, len(layers), 2):
+            x = tf.nn.bias_add(tf.matmul(x, layers[k]), layers[k + 1])
+            x = tf.nn.relu(x) if k + 2 < len(layers) else x
+        logits = tf.squeeze(wide + x, axis=1)
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits)
+
+
+def one_device_losses(name: str, sizes: dict, input_fn, steps: int, ranks: int) -> list:
+    """The same TF2 model and optimizers on one device, each step fed the `ranks` ranks'
+    batches joined: what tf_mwms on `ranks` workers computes (recsys; lm samples per rank)."""
+    model = build(name, sizes)
+    step = train_step(tf.distribute.get_strategy(), model)
+    losses = []
+    for number in range(steps):
+        parts = [input_fn(RunContext(r, ranks, 0, 1, number)) for r in range(ranks)]
+        batch = {key: tf.constant(np.concatenate([p[key] for p in parts])) for key in parts[0]}
+        losses.append(float(step(batch)))
+    return losses
