@@ -126,9 +126,12 @@ def test_ctrl_c_is_named_sigint_and_stops_every_rank():
         f.write(f"import os, sys, time\nsys.path.insert(0, {launch.ROOT!r})\nimport parallax_tf\n"
                 f"open(os.path.join({marks!r}, 'rank' + os.environ['HOROVOD_RANK']), 'w').write(str(os.getpid()))\n"
                 "time.sleep(600)\n")
+    # started as from a terminal: with SIGINT's default action, whatever runs the suite (a
+    # shell's background job, nohup: SIGINT ignored, which a child inherits)
     proc = subprocess.Popen([launch.PYTHON, script, "--np", "2"], cwd=launch.ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=launch.ROOT))
+                            env=dict(os.environ, PYTHONPATH=launch.ROOT),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while len([f for f in os.listdir(marks) if f.startswith("rank")]) < 2 and time.time() < deadline \
