@@ -114,13 +114,17 @@ def _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id) -> rank_run.RankG
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
         request = strategy_lib.BuildRequest(model_fn, ctx, plan, topo, opts.seed, opts.shard_input)
         dgraph = strategy_lib.get(plan.strategy).rewrite(request)    # a rule may have chosen another strategy
+        by_name = plan.by_name()
         for name, layout in dgraph.layouts.items():       # how the lookups read the shards it made
-            plan.by_name()[name].layout = layout
+            if name in by_name:                           # (optimizer slots follow their variable)
+                by_name[name].layout = layout
         # tables and iterators, as the single-device script initialises them
         dgraph.local_init = tf.group(dgraph.local_init, *model_init.initializers(graph, dgraph.train_op))
         input_reads = model_init.input_reads(graph, dgraph.train_op)
         batch_rows = model_init.batch_rows(input_reads)
-        entries = collect_state(dgraph, {v.name: (v.layout, v.shape) for v in plan.variables})
+        layouts = {**{k: (layout, None) for k, layout in dgraph.layouts.items()},
+                   **{v.name: (v.layout, v.shape) for v in plan.variables}}
+        entries = collect_state(dgraph, layouts)
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
     placement.settle(graph, topo.server_ranks, topo.device_type)

@@ -7,6 +7,8 @@ Per step, every host link carries (each direction, full duplex):
   PS, P shards over the hosts     each host pushes the union of its ranks' rows and every rank
                                   pulls its distinct rows; a host serving s of the P shards
                                   receives/sends s/P of every other host's share (fan-in)
+  alltoall, u distinct rows       (N-1)/N of them leave: ids out, rows back, gradient rows out,
+                                  and as much arrives for the rows the host's ranks serve
 The busiest link sets the network time, for collectives and for PS traffic apart; round trips
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
 single-device CPU time. A step also takes at least the CPU of the busiest host's rank
@@ -32,7 +34,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from parallax_tf.calibration import Calibration, load as load_calibration
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_PS
 
 _DEFAULTS = Calibration()
 # what a switch port queues, in seconds of its link's rate: tools.netns's emulated links queue
@@ -99,6 +101,7 @@ class Load:
     rows: int                     # table rows
     rows_touched: int = 0         # distinct rows one rank touches
     gathered_bytes: int = 0       # bytes its lookups return for one rank, repeats included
+    partitioned: bool = False     # the model partitioned it itself
 
 
 @dataclasses.dataclass
@@ -149,6 +152,9 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster,
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
     if N == 1 or load.gradient == "none" or H == 1 and choice.route == ROUTE_ALLREDUCE:
         return tx, rx, messages
+    if choice.route == ROUTE_ALLTOALL:
+        each = L * (N - 1) / N * load.rows_touched * (2 * load.row_bytes + INDEX_BYTES)
+        return [each] * H, [each] * H, messages
     if choice.route == ROUTE_ALLREDUCE:
         if load.gradient == "sparse":
             per_hop = (N - 1) * allgathered_bytes(load)
@@ -182,10 +188,12 @@ def allgathered_bytes(load: Load) -> int:
     return load.gathered_bytes + load.gathered_bytes // max(1, load.row_bytes) * INDEX_BYTES
 
 
-RING, GATHER, POINT = "ring", "allgather", "ps"      # how a variable's bytes cross: host_traffic's cases
+RING, GATHER, POINT, EXCHANGE = "ring", "allgather", "ps", "alltoall"   # host_traffic's cases
 
 
 def _kind(load: Load, choice: Choice) -> str:
+    if choice.route == ROUTE_ALLTOALL:
+        return EXCHANGE
     if choice.route != ROUTE_ALLREDUCE:
         return POINT
     return GATHER if load.gradient == "sparse" else RING
@@ -196,7 +204,7 @@ def _traffic(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) ->
     handles, summed over the variables, and the hosts whose PS task a rank's graph runs on each
     step: those holding shards, and the global step's (host 0)."""
     H = cluster.hosts
-    traffic = {kind: ([0.0] * H, [0.0] * H) for kind in (RING, GATHER, POINT)}
+    traffic = {kind: ([0.0] * H, [0.0] * H) for kind in (RING, GATHER, POINT, EXCHANGE)}
     messages = [0] * H
     placed = shard_hosts(loads, choices, cluster)
     for load in loads:
@@ -214,10 +222,10 @@ def _mean_received(traffic: Dict[str, tuple], kinds, cluster: Cluster) -> float:
 
 
 def received_bytes(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
-    """Bytes a rank receives per step by allgather, pulled from a PS or pushed to the PS its host
-    serves, the mean over ranks (a host serving a hot shard spends more). Each byte costs CPU:
-    gRPC's (de)serialisation and copies, and the TF ops that expand, sum and apply the rows."""
-    return _mean_received(_traffic(loads, choices, cluster)[0], (GATHER, POINT), cluster)
+    """Bytes a rank receives per step by allgather or alltoall, pulled from a PS or pushed to
+    the PS its host serves, the mean over ranks (a host serving a hot shard spends more). Each
+    byte costs CPU: (de)serialisation and copies, and the TF ops that expand, sum and apply the rows."""
+    return _mean_received(_traffic(loads, choices, cluster)[0], (GATHER, POINT, EXCHANGE), cluster)
 
 
 def received_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster) -> float:
@@ -226,7 +234,7 @@ def received_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     whose gradients are all dense), allgathered and PS bytes at received_bytes' rate."""
     traffic = _traffic(loads, choices, cluster)[0]
     return cluster.ring_cpu_s_per_byte * _mean_received(traffic, (RING,), cluster) \
-        + cluster.received_cpu_s_per_byte * _mean_received(traffic, (GATHER, POINT), cluster)
+        + cluster.received_cpu_s_per_byte * _mean_received(traffic, (GATHER, POINT, EXCHANGE), cluster)
 
 
 def runs_through_master(loads: List[Load], choices: Dict[str, Choice]) -> bool:
@@ -242,7 +250,9 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
     has_ps = runs_through_master(loads, choices)
     has_ar = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "dense" for l in loads)
     has_allgather = any(choices[l.name].route == ROUTE_ALLREDUCE and l.gradient == "sparse" for l in loads)
-    collectives = tuple([a + b for a, b in zip(traffic[RING][i], traffic[GATHER][i])] for i in (0, 1))
+    exchanged = sum(choices[l.name].route == ROUTE_ALLTOALL and l.gradient == "sparse" for l in loads)
+    collectives = tuple([a + b + c for a, b, c in zip(traffic[RING][i], traffic[GATHER][i], traffic[EXCHANGE][i])]
+                        for i in (0, 1))
     network, collective = (max(max(tx), max(rx)) / cluster.bandwidth_bytes_per_s if N > 1 else 0.0
                            for tx, rx in (traffic[POINT], collectives))
     hop = 2 * cluster.delay_s                      # host -> bridge -> host
@@ -256,6 +266,10 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 2 * (N - 1) * (hop + cluster.rpc_overhead_s)
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
+    if N > 1 and exchanged:
+        # per table three alltoalls (ids, rows, gradient rows), one after another; every rank
+        # sends to all others at once, so each costs a hop and a message's overhead
+        latency += 3 * exchanged * (hop + cluster.rpc_overhead_s)
     # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
     # ranks sharing fewer cores (emulation) take turns
     cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s, flows)) * cluster.cpu_turns
@@ -302,7 +316,8 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     L = cluster.ranks_per_host
     return [{"runtime": 1.0, "peer": float(cluster.ranks - 1), "master": master,
              "task": float(len(servers) - (host in servers)), "served": float(messages[host]),
-             "received": (traffic[GATHER][1][host] + traffic[POINT][1][host]) / L, "ring": traffic[RING][1][host] / L,
+             "received": (traffic[GATHER][1][host] + traffic[POINT][1][host] + traffic[EXCHANGE][1][host]) / L,
+             "ring": traffic[RING][1][host] / L,
              "replica": replicas} for host in range(cluster.hosts)]
 
 
@@ -314,7 +329,8 @@ def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, 
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:
-    """AllReduce, or for a sparse variable the PS in a few shard counts. A dense one stays on
+    """AllReduce, or for a sparse variable the PS in a few shard counts and (one variable per
+    table) the alltoall route. A dense one stays on
     AllReduce (the Parallax rule): the ring moves the fewest bytes there is, 2(N-1)/N of it,
     where a PS adds a hot server (its 1 shard; the planner partitions only sparse variables).
     Measured on the rig, cnn at 1 Gbit with its dense weights on the PS: 0.69x hybrid on 2
@@ -325,6 +341,8 @@ def candidates(load: Load, cluster: Cluster) -> List[Choice]:
     for shards in sorted({1, cluster.hosts, 2 * cluster.hosts, 4 * cluster.hosts}):
         if shards <= max(1, load.rows):
             options.append(Choice(ROUTE_PS, shards))
+    if not load.partitioned:
+        options.append(Choice(ROUTE_ALLTOALL))
     return options
 
 
@@ -373,6 +391,8 @@ def choose(loads: List[Load], cluster: Cluster, compute_s: float,
               {l.name: dataclasses.replace(parallax(l), partitions=1) for l in loads}]
     if routes is None:
         starts.append({l.name: Choice(ROUTE_ALLREDUCE) for l in loads})
+        starts.append({l.name: Choice(ROUTE_ALLTOALL) if l.gradient == "sparse" and not l.partitioned
+                       else Choice(ROUTE_ALLREDUCE) for l in loads})
     results = [descend(start) for start in starts]
     steps = [predict(loads, r, cluster, compute_s).step_s for r in results]
     return next(r for r, s in zip(results, steps) if s <= min(steps) * (1 + CHOICE_MARGIN))
@@ -383,5 +403,6 @@ def loads_from(capture) -> List[Load]:
     for v in capture.variables:
         rows = v.shape[0] if v.shape else 1
         out.append(Load(name=v.name, bytes=v.bytes, gradient=v.gradient, row_bytes=v.row_bytes, rows=rows,
-                        rows_touched=v.rows_touched or 0, gathered_bytes=v.gathered_bytes or 0))
+                        rows_touched=v.rows_touched or 0, gathered_bytes=v.gathered_bytes or 0,
+                        partitioned=v.user_partitioned))
     return out

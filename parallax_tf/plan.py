@@ -17,6 +17,8 @@ from parallax_tf import routes
 ROUTE_PS = routes.PS.name
 ROUTE_ALLREDUCE = routes.ALLREDUCE.name
 ROUTE_LOCAL = routes.LOCAL.name
+ROUTE_ALLTOALL = routes.ALLTOALL.name
+RANKS_LAYOUT = routes.RANKS_LAYOUT
 TOOLKIT_GLOBAL_STEP = "parallax_global_step"    # the global step a rewrite adds when the model has none
 _SECTION_TYPES: Dict[str, type] = {}             # strategy -> the type of its Plan.section
 
@@ -51,7 +53,8 @@ class VariablePlan:
     user_partitioned: bool = False  # the model itself partitioned it (fixed_size_partitioner)
     layout: str = "div"             # rows on shards: "div" contiguous, "mod" strided (the
                                     # rewriter sets it from how the lookups read the shards);
-                                    # "flat": shards hold element ranges of the flattened value
+                                    # "flat": shards hold element ranges of the flattened value;
+                                    # "ranks": row i on data rank i % N (route alltoall)
     fusion_group: Optional[int] = None  # AllReduce: tensors of one group go in one fused call
     # Parameters of the route, for later techniques (stage index, staleness, FC node, ...).
     params: Dict[str, object] = dataclasses.field(default_factory=dict)

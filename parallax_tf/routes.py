@@ -63,6 +63,31 @@ class AllReduce(Route):
     fused = True
 
 
+class Alltoall(Route):
+    name = "alltoall"
+    summary = ("row-sharded over the data ranks (row i on rank i % N, no PS): each step a lookup's distinct ids go "
+               "to their owners and their rows come back by Horovod alltoall, the gradient rows return the same way "
+               "and each owner applies them")
+
+    def place(self, entry, info, request, server_load):
+        entry.layout = RANKS_LAYOUT
+        entry.params["rank_shards"] = request.num_ranks
+
+    def bytes_per_step(self, entry, info, num_ranks, request):
+        if num_ranks <= 1 or info.gradient == "none":
+            return 0
+        rows = info.rows_touched if info.rows_touched is not None else info.shape[0]
+        # the ids sent once, their rows back, the gradient rows out; 1/N of them stay on the rank
+        return int((num_ranks - 1) / num_ranks * rows * (2 * info.row_bytes + 8))
+
+    def shards_cell(self, entry):
+        return f"{entry.params.get('rank_shards', '?')} ranks"
+
+
+# Layout of a variable held by the ranks themselves: row i on rank i % N (the number of ranks).
+RANKS_LAYOUT = "ranks"
+
+
 class Local(Route):
     name = "local"
     summary = ("model state that is not trained (batch-norm statistics, EMAs, counters): a copy on every rank, "
@@ -100,3 +125,4 @@ def describe() -> str:
 PS = register(ParameterServers())
 ALLREDUCE = register(AllReduce())
 LOCAL = register(Local())
+ALLTOALL = register(Alltoall())

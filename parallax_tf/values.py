@@ -4,8 +4,9 @@ Every piece of training state gets the key a plain single-device `tf.compat.v1.t
 would give it: "emb" for a (possibly sharded) variable, "emb/Adagrad" for its slot,
 "beta1_power" for an optimizer's non-slot variable. Values are whole: split into shards on
 the way in and merged on the way out following each variable's layout ("div": contiguous
-rows, "mod": row i on shard i % P, "flat": contiguous ranges of the flattened elements). Starting from single-device initial values, restoring a
-checkpoint and handing back results all go through here.
+rows, "mod": row i on shard i % P, "flat": contiguous ranges of the flattened elements, "ranks":
+row i on data rank i % N, each rank holding its own shard). Starting from single-device initial
+values, restoring a checkpoint and handing back results all go through here.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.inspect_graph import logical_name
+from parallax_tf.plan import RANKS_LAYOUT
 
 
 def split(whole: np.ndarray, row_ranges: List[tuple], layout: str) -> List[np.ndarray]:
@@ -97,7 +99,7 @@ def collect_state(dgraph, layouts: Dict[str, Tuple[str, list]]) -> Dict[str, Ent
     others = [v for v in others if v.name not in dgraph.saved_as]
     for var in sorted(others, key=lambda v: _offset(v)):
         rows = int(var.shape[0]) if var.shape.rank else 1
-        entry = entries.setdefault(logical_name(var), Entry([[]]))
+        entry = entries.setdefault(logical_name(var), Entry([[]], layouts.get(logical_name(var), ("div",))[0]))
         start = entry.copies[0][-1].row_end if entry.copies[0] else 0
         entry.copies[0].append(Part(var, start, start + rows))
     for (key, _), var in copies:       # one more place that keeps the whole value
@@ -122,14 +124,17 @@ class StateIO:
     ranks that keep it; keys in `owners` that are not averaged read as their first owner's value
     (the ranks that train a variable: Stanza's FC head lives on the FC nodes). Keys without
     owners are kept by every rank. Reading averaged or owned keys is collective, so every rank
-    must call `read` with them at the same point."""
+    must call `read` with them at the same point. Keys of layout "ranks" are sharded over the
+    ranks themselves: every rank calls `scatter` (rank 0 with the values) to load them, and
+    reading them is collective too."""
 
     def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1,
                  owners: Optional[Dict[str, List[int]]] = None, rank: int = 0):
-        self.entries = entries
+        self.entries, self.num_ranks = entries, num_ranks
+        self.on_ranks = {k for k, e in entries.items() if e.layout == RANKS_LAYOUT}
         everyone = list(range(num_ranks))
         owners = {k: list(r) for k, r in (owners or {}).items() if k in entries and list(r) != everyone}
-        self.averaged = {k for k in averaged if k in entries} if num_ranks > 1 else set()
+        self.averaged = {k for k in averaged if k in entries and k not in self.on_ranks} if num_ranks > 1 else set()
         self.owned = set(owners) - self.averaged if num_ranks > 1 else set()
         self._feed, self._assign, self._read = {}, {}, {}
         with tf.name_scope("parallax_values"):
@@ -143,6 +148,17 @@ class StateIO:
                         self._feed[var.name] = placeholder
                         self._assign[var.name] = var.assign(placeholder, read_value=False)
                         self._read[var.name] = var.read_value()
+            self._scatter = {}          # variable name -> (key, its _RankShard)
+            for key in sorted(self.on_ranks):
+                for copy in entries[key].copies:
+                    for piece in copy:
+                        shard = _RankShard(piece.variable, num_ranks)
+                        self._scatter[piece.variable.name] = (key, shard)
+                        self._read[piece.variable.name] = shard.gathered
+            if self._scatter:           # which of them rank 0 has values for (slots may start as initialised)
+                import horovod.tensorflow as hvd
+                self._given = tf.compat.v1.placeholder(tf.int32, [len(self._scatter)])
+                self._given_everywhere = hvd.broadcast(self._given, root_rank=0, name="parallax_scatter_given")
             if self.averaged or self.owned:
                 import horovod.tensorflow as hvd
                 for key in sorted(self.averaged | self.owned):
@@ -166,6 +182,8 @@ class StateIO:
         """Assigns whole values to every copy of the named keys (keys not given are left alone)."""
         ops, feeds = [], {}
         for key, value in values.items():
+            if key in self.on_ranks:
+                continue
             entry = self.entries[key]
             for copy in entry.copies:
                 ranges = [(p.row_start, p.row_end) for p in copy]
@@ -175,14 +193,66 @@ class StateIO:
         if ops:
             sess.run(ops, feeds)
 
+    def scatter(self, sess, values: Optional[Dict[str, np.ndarray]]) -> None:
+        """Every rank: its rows of the keys held by the ranks, from rank 0's whole `values`
+        (None on the other ranks), by one alltoall per piece; keys rank 0 has no value for
+        (optimizer slots on a fresh start) keep what their initialisers gave."""
+        if not self._scatter:
+            return
+        names = sorted(self._scatter)
+        given = [int(values is not None and self._scatter[name][0] in values) for name in names]
+        given = sess.run(self._given_everywhere, {self._given: given})
+        ops, feeds = [], {}
+        for name, present in zip(names, given):
+            key, shard = self._scatter[name]
+            if present:
+                ops.append(shard.assign)
+                feeds.update(shard.feed(None if values is None else np.asarray(values[key])))
+        if ops:
+            sess.run(ops, feeds)
+
     @property
     def collective(self) -> bool:
-        return bool(self.averaged or self.owned)
+        return bool(self.averaged or self.owned or self.on_ranks)
 
     def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
         """Whole values by key. Collective when the keys include averaged state."""
         keys = list(self.entries) if keys is None else keys
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
         raw = sess.run({name: self._read[name] for name in wanted})
+        for name, (_, shard) in self._scatter.items():
+            if name in raw:
+                raw[name] = shard.whole(raw[name])
         return {k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout,
                          self.entries[k].shape) for k in keys}
+
+
+class _RankShard:
+    """One rank's shard of a "ranks"-layout value: rank 0 scatters the whole value's rows to
+    their ranks with one alltoall, and an allgather reads every rank's shard back."""
+
+    def __init__(self, variable, num_ranks: int):
+        import horovod.tensorflow as hvd
+        self.num_ranks = num_ranks
+        tag = variable.name.replace(":", "_").replace("/", "_")
+        dtype, row_shape = variable.dtype.base_dtype, variable.shape[1:]
+        self.rows = tf.compat.v1.placeholder(dtype, tf.TensorShape([None]).concatenate(row_shape))
+        self.splits = tf.compat.v1.placeholder(tf.int32, [num_ranks])
+        received, _ = hvd.alltoall(self.rows, splits=self.splits, name="parallax_scatter_" + tag)
+        self.assign = variable.assign(received, read_value=False)
+        self.gathered = hvd.allgather(variable.read_value(), name="parallax_gather_" + tag)
+        self.row_shape = row_shape.as_list()
+
+    def feed(self, whole: Optional[np.ndarray]) -> dict:
+        """Rank 0 sends rows r, r+N, ... to rank r; the other ranks send nothing."""
+        if whole is None:
+            return {self.rows: np.zeros([0] + self.row_shape, self.rows.dtype.as_numpy_dtype),
+                    self.splits: np.zeros(self.num_ranks, np.int32)}
+        pieces = [whole[r::self.num_ranks] for r in range(self.num_ranks)]
+        return {self.rows: np.concatenate(pieces), self.splits: np.array([len(p) for p in pieces], np.int32)}
+
+    def whole(self, gathered: np.ndarray) -> np.ndarray:
+        """The whole value from the shards gathered in rank order."""
+        total, n = len(gathered), self.num_ranks
+        sizes = [max(0, (total - r + n - 1) // n) for r in range(n)]
+        return merge(np.split(gathered, np.cumsum(sizes)[:-1]), "mod")

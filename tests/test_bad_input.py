@@ -75,7 +75,7 @@ def test_no_input_fn_but_placeholders():
 
 
 def test_unknown_strategy():
-    with pytest.raises(ptf.ConfigError, match="unknown strategy 'bogus'; choose one of hybrid, ps, allreduce, auto"):
+    with pytest.raises(ptf.ConfigError, match="unknown strategy 'bogus'; choose one of hybrid, ps, allreduce, collective, auto"):
         _run_plan_only(cases.build("mixed", "sgd"), cases.input_fn_for("mixed"), strategy="bogus")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests import cases, launch, reference
 
-STRATEGIES = ("hybrid", "ps", "allreduce")
+STRATEGIES = ("hybrid", "ps", "allreduce", "collective")
 # every strategy on 3 ranks (uneven shards and batches); hybrid on 2 as well, under mpirun
 JOBS = [(strategy, 3) for strategy in STRATEGIES] + [("hybrid", 2)]
 LAUNCHERS = {("hybrid", 2): "mpirun"}

@@ -110,7 +110,7 @@ def test_each_strategy_is_one_package():
     import rewriters
     packages = {type(s).__module__.split(".")[1] for s in rewriters.STRATEGIES}
     assert packages == _technique_packages() and len(packages) >= 5
-    assert strategy.names() == ("hybrid", "ps", "allreduce", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
+    assert strategy.names() == ("hybrid", "ps", "allreduce", "collective", "auto", "slim_dp", "ps_plus", "stanza", "dsp")
     for each in rewriters.STRATEGIES:
         assert strategy.get(each.name) is each
         for measure in each.measures:      # inspection's extra work comes from the techniques
@@ -137,7 +137,7 @@ def test_either_package_can_be_imported_first():
         code = f"import {first}; from absl import flags; print(flags.FLAGS['strategy'].parser.enum_values)"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "'hybrid', 'ps', 'allreduce', 'auto', 'slim_dp', 'ps_plus', 'stanza', 'dsp'" in proc.stdout
+        assert "'hybrid', 'ps', 'allreduce', 'collective', 'auto', 'slim_dp', 'ps_plus', 'stanza', 'dsp'" in proc.stdout
 
 
 def test_compat_is_the_bottom_layer():
@@ -157,7 +157,7 @@ def test_a_route_is_named_only_where_it_is_defined():
     import parallax_tf  # noqa: F401  (registers every technique and its routes)
     from parallax_tf import routes
     owners = {name: type(routes.get(name)).__module__.rsplit(".", 1)[0] for name in routes.names()}
-    assert {"ps", "allreduce", "local", "significant", "async_ps", "fc_node", "stage"} <= set(owners)
+    assert {"ps", "allreduce", "local", "alltoall", "significant", "async_ps", "fc_node", "stage"} <= set(owners)
     asking = {"parallax_tf.planner", "parallax_tf.plan", "parallax_tf.api", "parallax_tf.strategy"}
     spelled = []
     for module, path in _modules().items():

@@ -101,6 +101,7 @@ def initialise(sess, dgraph, state_io, values, is_chief: bool, guard, input_read
         if is_chief:
             sess.run(dgraph.chief_init)
             state_io.load(sess, values)
+        state_io.scatter(sess, values if is_chief else None)    # what the ranks themselves hold
         dgraph.barrier.wait(sess, "initialised")     # nobody trains before PS variables are initialised
         if dgraph.broadcast is not None:
             sess.run(dgraph.broadcast)                # replicas, a replicated global step among them

@@ -1,10 +1,11 @@
-"""Parallax (Kim et al., EuroSys 2019) and its two baselines: strategies `hybrid` (sparse variables
-on parameter servers, dense ones through Horovod AllReduce), `ps`, `allreduce`, and `auto` (the
-cost model picks PS or AllReduce, and a shard count, per variable). All four are synchronous data
-parallelism: rewriters/shared/sync.py assembles the step from the PS and AllReduce routes; the
-rule of `auto` is in auto.py."""
+"""Parallax (Kim et al., EuroSys 2019) and its baselines: strategies `hybrid` (sparse variables
+on parameter servers, dense ones through Horovod AllReduce), `ps`, `allreduce`, `collective`
+(sparse variables sharded over the ranks and exchanged by alltoall, as Sparse Operation Kit
+does; dense ones AllReduce) and `auto` (the cost model picks a route, and a shard count, per
+variable). All are synchronous data parallelism: rewriters/shared/sync.py assembles the step
+from the routes; the rule of `auto` is in auto.py."""
 from parallax_tf import strategy
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_PS
 from rewriters.shared.rules import by_gradient
 from rewriters.shared.sync import assemble
 
@@ -41,3 +42,18 @@ class AllReduce(Hybrid):
         how = "allgather of IndexedSlices" if info.gradient == "sparse" else "ring AllReduce"
         return ROUTE_ALLREDUCE, f"strategy allreduce: {how}"
 
+
+
+class Collective(Hybrid):
+    name = "collective"
+    time_compute = False
+    routes = (ROUTE_ALLTOALL, ROUTE_ALLREDUCE)
+
+    def route(self, info):
+        if info.gradient == "sparse" and not info.user_partitioned:
+            return ROUTE_ALLTOALL, ("sparse gradient, strategy collective: rows sharded over the ranks, ids and rows "
+                                    "exchanged by alltoall (no PS)")
+        if info.gradient == "sparse":
+            return ROUTE_ALLREDUCE, ("sparse gradient, but partitioned by the model: allgather (the alltoall route "
+                                     "holds one variable per table)")
+        return by_gradient(info)

@@ -7,7 +7,7 @@ import dataclasses
 
 from parallax_tf import costmodel, planner, strategy
 from parallax_tf.errors import ConfigError
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_PS
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_PS
 from rewriters.shared.sync import assemble
 
 
@@ -51,7 +51,7 @@ class Auto(strategy.Strategy):
                                               for name, (choice, _) in auto.items()})
 
     def rewrite(self, request):
-        return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE), self.name)
+        return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_ALLTOALL), self.name)
 
 
 def _choices(request):

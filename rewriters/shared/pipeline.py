@@ -57,6 +57,14 @@ class SyncRoute(abc.ABC):
         """What the route adds to the graph, built after `broadcast` (None: nothing)."""
         return None
 
+    def kept_per_rank(self) -> list:
+        """Variables each rank keeps its own values of: not broadcast from rank 0."""
+        return []
+
+    def layouts(self) -> Dict[str, str]:
+        """Saved name -> layout of state the route shaped itself (beyond the plan's entries)."""
+        return {}
+
 
 # factory(request, rebuilt, the plan's entries on the route) -> the route
 RouteFactory = Callable[[BuildRequest, Rebuilt, list], SyncRoute]
@@ -70,6 +78,13 @@ class Start:
     on_server: list
     local: list
     broadcast: object = None
+    own: list = dataclasses.field(default_factory=list)    # each rank's own values, not broadcast
+
+    def keep_own(self, variables) -> None:
+        """`variables` start as each rank's own (initialised, never broadcast)."""
+        names = {v.name for v in variables}
+        self.own += [v for v in self.local if v.name in names]
+        self.local = [v for v in self.local if v.name not in names]
 
     def broadcast_local(self):
         """Every local copy starts as rank 0's (which may come from a checkpoint)."""
@@ -102,7 +117,8 @@ def finish_graph(start: Start, *, loss, train_op, global_step, parts, runner, op
     step = global_step.read_value()
     chief = [tf.compat.v1.variables_initializer(start.on_server)] if start.on_server else []
     chief += list(chief_init) + (list(barrier.init_ops) if barrier is not None else [])
-    local_init = tf.group(tf.compat.v1.variables_initializer(start.local), tf.compat.v1.local_variables_initializer())
+    local_init = tf.group(tf.compat.v1.variables_initializer(start.local + start.own),
+                          tf.compat.v1.local_variables_initializer())
     if broadcast_local:
         start.broadcast_local()
     return DistributedGraph(

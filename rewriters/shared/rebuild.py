@@ -13,9 +13,10 @@ from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
 from parallax_tf.inspect_graph import logical_name
-from parallax_tf.plan import ROUTE_PS, TOOLKIT_GLOBAL_STEP, Plan
+from parallax_tf.plan import ROUTE_ALLTOALL, ROUTE_PS, TOOLKIT_GLOBAL_STEP, Plan
 from parallax_tf.strategy import BuildRequest
 from parallax_tf.values import Part
+from rewriters.shared.alltoall_lookup import exchange_lookups, shard_rows
 from rewriters.shared.transform import rewire
 
 
@@ -34,6 +35,8 @@ class Rebuilt:
                                                 # (None where the train op does not update it)
     # variable op name -> its one de-duplicated lookup, for a part whose gradient comes from it alone
     distinct_lookups: Dict[str, "DistinctLookup"] = dataclasses.field(default_factory=dict)
+    # alltoall-route variable op name -> (its lookup's Exchange, that lookup's gradient rows), per lookup
+    exchanged: Dict[str, list] = dataclasses.field(default_factory=dict)
 
     @property
     def loss(self):
@@ -84,11 +87,19 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
         with tf.compat.v1.colocate_with(None, ignore_existing=True):
             return next_creator(**kwargs)
 
+    on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
+
+    def create(next_creator, kwargs, in_apply: bool):
+        entry = on_ranks.get(_created_name(graph, kwargs.get("name")))
+        if entry is not None and not in_apply:
+            rank_shard(kwargs, entry, topo.size, topo.rank)
+        return create_variable(next_creator, kwargs, in_apply)
+
     tf.compat.v1.set_random_seed(request.seed)
     with contextlib.ExitStack() as stack:
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
-        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable,
+        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create,
                                         shard=request.shard_input)
     parts = _parts_by_logical_name(plan)
     trained = {v.name for v in plan.trained}
@@ -97,14 +108,38 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
         raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
                          f"new {sorted(extra)}); model_fn must build the same graph every call")
     sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
-    expansions, distinct_lookups = {}, {}
+    expansions, distinct_lookups, exchanged = {}, {}, {}
     with tf.device(topo.worker_device):
         if distinct_pulls:
             for name in sorted(sparse_on_ps):
                 for part in parts[name]:
                     expansions.update(pull_distinct_rows(part.variable, ancestors(training.loss.op)))
-        grads = own_gradients(training, parts, sparse_on_ps, expansions, distinct_lookups)
-    return Rebuilt(training=training, parts=parts, grads=grads, distinct_lookups=distinct_lookups)
+        for name in sorted(on_ranks):
+            for part in parts[name]:
+                expansions.update(exchange_lookups(part.variable, ancestors(training.loss.op), topo.size, topo.rank))
+                exchanged[part.variable.op.name] = []
+        grads = own_gradients(training, parts, sparse_on_ps | set(on_ranks), expansions, distinct_lookups,
+                              exchanged)
+    return Rebuilt(training=training, parts=parts, grads=grads, distinct_lookups=distinct_lookups,
+                   exchanged=exchanged)
+
+
+def _created_name(graph, name) -> str:
+    """The op name a variable created with `name` gets: get_variable passes its full name, a
+    tf.Variable (a Keras layer's weight) is named inside the current name scope."""
+    return graph.unique_name(name.rstrip("/"), mark_as_used=False) if name else ""
+
+
+def rank_shard(kwargs: dict, entry, num_ranks: int, rank: int) -> None:
+    """Creates this rank's shard of an alltoall-route variable instead of the whole variable: its
+    rows, starting as zeros (every rank's shard then gets its rows of the single-device initial
+    value, values.StateIO)."""
+    shape = [shard_rows(entry.shape[0], num_ranks, rank)] + list(entry.shape[1:])
+    dtype = tf.as_dtype(entry.dtype)
+    kwargs["initial_value"] = lambda: tf.zeros(shape, dtype)
+    kwargs["dtype"] = dtype
+    if "shape" in kwargs:
+        kwargs["shape"] = shape
 
 
 def pull_distinct_rows(variable, needed: set) -> dict:
@@ -131,7 +166,7 @@ def pull_distinct_rows(variable, needed: set) -> dict:
 
 
 def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None,
-                  distinct_lookups=None) -> Dict[str, list]:
+                  distinct_lookups=None, exchanged=None) -> Dict[str, list]:
     """This rank's raw gradient for every part the train op updates, of the same loss the user
     differentiated (one tf.gradients per distinct gradient call)."""
     raw = training.raw_gradients()
@@ -145,7 +180,7 @@ def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansio
                 by_call.setdefault(id(call), (call, {}))[1].setdefault(name, []).append(part)
     grads = {name: [None] * len(pieces) for name, pieces in parts.items()}
     for call, subset in by_call.values():
-        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps, expansions, distinct_lookups)
+        found = gradients(call.ys, call.grad_ys, subset, sparse_on_ps, expansions, distinct_lookups, exchanged)
         for name, part_grads in found.items():
             for part, grad in zip(subset[name], part_grads):
                 grads[name][parts[name].index(part)] = grad
@@ -153,13 +188,14 @@ def own_gradients(training, parts: Dict[str, List[Part]], sparse_on_ps, expansio
 
 
 def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansions=None,
-              distinct_lookups=None) -> Dict[str, list]:
+              distinct_lookups=None, exchanged=None) -> Dict[str, list]:
     """Gradient per part. For a sparse variable on a PS, it is built here (on the worker) from
     the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
     colocate those ops with the variable, sending every looked-up row, repeats included, to
     the server and back before the de-duplicated push. `expansions` (pull_distinct_rows):
     for a de-duplicated lookup, the gradient of its expansion, per looked-up id; a part whose
-    gradient comes from one such lookup alone is entered in `distinct_lookups`."""
+    gradient comes from one such lookup alone is entered in `distinct_lookups`; the gradient rows
+    of each lookup of an alltoall-route part go to `exchanged` with its Exchange."""
     needed = set().union(*(ancestors(y.op) for y in ys))
     xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
     for name, pieces in parts.items():
@@ -185,6 +221,9 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
         if not pieces:
             flat.append(None)
             continue
+        if exchanged is not None and var.op.name in exchanged:
+            exchanged[var.op.name] = [(expansions[op][2], tf.reshape(dys[i], [-1] + row_shape))
+                                      for op, i in where if dys[i] is not None]
         if len(where) == 1 and where[0][0] in (expansions or {}) and distinct_lookups is not None:
             distinct_lookups[var.op.name] = expansions[where[0][0]][2]
         values = tf.concat([v for v, _ in pieces], 0) if len(pieces) > 1 else pieces[0][0]

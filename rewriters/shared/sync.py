@@ -19,10 +19,11 @@ from parallax_tf import routes as route_lib
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VALUE_PASS_THROUGH_OPS, VARIABLE_OPS, ancestors, feeding_op
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_LOCAL, ROUTE_PS
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
+from rewriters.shared.alltoall_route import AlltoallRoute
 from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
 from rewriters.shared.pipeline import RouteFactory, applied_optimizers, check_routes, finish_graph, start_variables
@@ -44,7 +45,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
 
 
 def _sync_route(name: str) -> RouteFactory:
-    factory = route_lib.get(name).sync_route
+    factory = AlltoallRoute if name == ROUTE_ALLTOALL else route_lib.get(name).sync_route
     if factory is None:
         raise ValueError(f"route {name!r} has no sync_route: the synchronous step cannot build it")
     return factory
@@ -69,7 +70,9 @@ class _Assembly:
         """Stage 2: variable op name -> its global gradient, from every route (AllReduce, the
         further routes, PS, in that order), and the sums of sparse PS gradients' reductions."""
         request, rebuilt, topo, ps_entries = self.request, self.rebuilt, self.topo, self.ps_entries
-        sparse_on_ps = {p.variable.op.name for e in ps_entries if e.gradient == "sparse" for p in rebuilt.parts[e.name]}
+        # sparse rows a rank sends away whole (PS, alltoall): a transform's reductions of them are summed
+        rows_sent = [e for e in ps_entries + request.plan.on_route(ROUTE_ALLTOALL) if e.gradient == "sparse"]
+        sparse_on_ps = {p.variable.op.name for e in rows_sent for p in rebuilt.parts[e.name]}
         needed = ancestors(self.target)
         transform = transform_lib.analyse(self.training, needed)
         reductions = transform_lib.check_sparse_rows(transform, sparse_on_ps)
@@ -85,7 +88,7 @@ class _Assembly:
         if self.ps_route is not None:
             self.global_grads.update(self.ps_route.build())
             _read_step_before_pushing(self.global_step, needed, set(transform.depends), self.ps_route.pushes)
-        own_rows = {p.variable.op.name: g.values for e in ps_entries for p, g in zip(rebuilt.parts[e.name],
+        own_rows = {p.variable.op.name: g.values for e in rows_sent for p, g in zip(rebuilt.parts[e.name],
                     rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
         self.sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
 
@@ -130,6 +133,7 @@ class _Assembly:
         and the shared ending (rewriters/shared/pipeline.py)."""
         training, routes = self.training, [self.allreduce] + ([self.ps_route] if self.ps_route else []) + self.extras
         start = start_variables()
+        start.keep_own([v for route in self.extras for v in route.kept_per_rank()])
         if self.topo.size > 1 and start.local:     # now: the further routes' own start follows it
             start.broadcast_local()
         byte_counts: Dict[str, tf.Tensor] = {}
@@ -156,7 +160,9 @@ class _Assembly:
             scheduled=scheduled)
         return finish_graph(start, loss=training.loss, train_op=step, global_step=self.global_step, parts=parts,
                             runner=SyncRunner(training.loss, step, step_spec), optimizers=optimizers,
-                            working_copies=working_copies, layouts=detect_layouts(self.rebuilt, self.request.plan))
+                            working_copies=working_copies,
+                            layouts={**detect_layouts(self.rebuilt, self.request.plan),
+                                     **{k: v for route in self.extras for k, v in route.layouts().items()}})
 
 
 def _writes_ps_variable(op) -> bool:
