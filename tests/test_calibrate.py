@@ -198,12 +198,16 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     dense = sum(l.bytes for l in loads if l.gradient == "dense")          # every rank updates its replica
     assert cpu_bound(replica_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * dense * turns)
 
-    def routes(gather_cost):
-        chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost), 0.001)
+    def routes(gather_cost, exchange_cost=1.0):     # exchange_cost: the alltoall route's CPU per table
+        chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost,
+                                                             exchange_cpu_s=exchange_cost), 0.001)
         return {l.name: chosen[l.name].route for l in sparse}
     assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task
     costly = routes(5e-8)          # ~8 ms of CPU for each large table's allgather does not
     assert (costly["embedding"], costly["softmax_w"]) == ("ps", "ps"), costly
+    # an exchange that costs no CPU of its own: alltoall receives only the rows a rank owns and
+    # serves, and runs no PS task
+    assert set(routes(5e-8, exchange_cost=0.0).values()) == {"alltoall"}
 
 
 def test_a_model_captured_at_other_sizes_leaves_the_flags_as_they_were():

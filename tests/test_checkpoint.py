@@ -1,4 +1,5 @@
 """Checkpoints: plain-TF restore under single-device names, exact resume, another rank count."""
+import json
 import os
 import tempfile
 
@@ -70,6 +71,23 @@ def test_resume_on_a_different_number_of_ranks():
     third = _train(3, "mixed_momentum", out, "--steps=5", f"--ckpt_dir={ckpt}")
     want = reference.train_single_device("mixed", "momentum", [2, 2, 2, 3, 3], steps=5)
     _assert_close(third[0], want, 1e-5, "2 then 3 ranks")
+
+
+def test_rank_held_shards_are_saved_whole_and_resume_on_another_number_of_ranks():
+    """Strategy collective: each rank holds its rows of the table and of Adam's slots; the
+    checkpoint has them whole, under single-device names, and 3 ranks resume 2 ranks' run."""
+    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    first = _train(2, "mixed_adam", out, "--strategy=collective", "--steps=3", f"--ckpt_dir={ckpt}",
+                   "--ckpt_every=3")
+    assert json.loads(str(first[0]["routes"]))["emb"] == "alltoall"
+    saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(ckpt)))
+    assert saved["emb"] == saved["emb/Adam"] == saved["emb/Adam_1"] == [20, 4]
+    third = _train(3, "mixed_adam", out, "--strategy=collective", "--steps=6", f"--ckpt_dir={ckpt}")
+    assert [int(r["start_step"]) for r in third] == [3, 3, 3]
+    want = reference.train_single_device("mixed", "adam", [2, 2, 2, 3, 3, 3], steps=6)
+    _assert_close(third[0], want, 1e-4, "collective, 2 then 3 ranks")
+    for other in third[1:]:
+        np.testing.assert_array_equal(other["var:emb"], third[0]["var:emb"])
 
 
 @pytest.mark.parametrize("case", ["partitioned", "auto_mod", "mixed_adam"])

@@ -1,21 +1,25 @@
 """The alltoall route: a sparse variable row-sharded over the data ranks themselves, no parameter
 server (the way Sparse Operation Kit and DeepRec move embeddings). Row i lives on rank i % N.
 
-Per lookup and step, on every rank (all through Horovod, the engine of the dense AllReduce):
-  forward   the lookup's distinct ids, grouped by owner, go to their owners (alltoall); each
-            owner gathers their rows from its shard and sends them back (alltoall); the rank
-            expands them to the lookup's shape, as single-device TF's gather returns them.
+Per step, on every rank (all through Horovod, the engine of the dense AllReduce):
+  forward   each lookup's distinct ids, grouped by owner, go to their owners; each owner
+            gathers their rows from its shard and sends them back; the rank expands them to the
+            lookup's shape, as single-device TF's gather returns them.
   backward  the gradient per looked-up id is summed per distinct id and sent back along the same
             exchange, values only (the owner kept the ids); the owner sums what every rank sent
             per row, divides by N (the average over ranks, as AllReduce does) and its optimizer
-            applies those rows to its shard.
-A rank thus moves each distinct id once and its row twice, of which 1/N stays on the rank: the
-lower bound of a sparse gradient's traffic. The shard and its optimizer slots are the rank's own
-state (never broadcast); values.StateIO scatters whole values into them and gathers them back.
+            applies those rows to its shard (alltoall_route.py).
+Every lookup of one dtype travels in one message per peer and direction, as the PS route packs
+its requests (a collective costs Horovod a negotiation and gloo a round of its own, whatever
+its size): three alltoalls a step in all. A rank thus moves each distinct id once and its row
+twice, of which 1/N stays on the rank: the lower bound of a sparse gradient's traffic. The shard
+and its optimizer slots are the rank's own state (never broadcast); values.StateIO scatters
+whole values into them and gathers them back.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Dict, List
 
 import tensorflow as tf
 
@@ -30,47 +34,120 @@ def shard_rows(rows: int, num_ranks: int, rank: int) -> int:
 
 
 @dataclasses.dataclass
-class Exchange:
-    """One lookup's exchange in this step, kept for the gradient's way back."""
-    ids: tf.Tensor          # the lookup's ids as the model gave them
+class Lookup:
+    """One lookup in this step's exchange, kept for the gradient's way back."""
+    pack: "Pack"
+    index: int              # its place in the pack
+    variable: object
+    row_shape: List[int]
     position: tf.Tensor     # per looked-up id, its index among the distinct ids
     num_distinct: tf.Tensor
     order: tf.Tensor        # the distinct ids grouped by owner: distinct[order]
-    splits: tf.Tensor       # how many of them go to each rank (int32, [N])
-    served: tf.Tensor       # the rows of this rank's shard other ranks asked for (local row index)
-    away: tf.Tensor         # how many of the distinct ids another rank owns (int64)
+    counts: tf.Tensor       # how many of them each rank owns (int32, [N])
+    sorted_ids: tf.Tensor = None      # the distinct ids in that order
+    served: tf.Tensor = None          # rows of this rank's shard the ranks asked for, by source rank
+    served_counts: tf.Tensor = None   # how many each rank asked for (int32, [N])
+    away: tf.Tensor = None            # distinct ids another rank owns (int64)
+
+    @property
+    def row_elements(self) -> int:
+        n = 1
+        for d in self.row_shape:
+            n *= d
+        return n
+
+
+@dataclasses.dataclass
+class Pack:
+    """The lookups of one dtype, exchanged together."""
     tag: str                # the collectives' name stem, the same on every rank
+    num_ranks: int
+    lookups: List[Lookup] = dataclasses.field(default_factory=list)
+
+    def send(self, per_lookup: List[tf.Tensor], counts: List[tf.Tensor], name: str) -> tf.Tensor:
+        """Sends each lookup's rows (grouped by destination, `counts` per destination) to their
+        ranks in one alltoall, and returns what arrived, flat, in source-rank order."""
+        import horovod.tensorflow as hvd
+        pieces = [tf.split(tf.reshape(rows, [-1]), counts[k] * look.row_elements, num=self.num_ranks)
+                  for k, (look, rows) in enumerate(zip(self.lookups, per_lookup))]
+        flat = tf.concat([pieces[k][r] for r in range(self.num_ranks) for k in range(len(self.lookups))], 0)
+        splits = tf.add_n([c * look.row_elements for c, look in zip(counts, self.lookups)])
+        received, _ = hvd.alltoall(flat, splits=splits, name=f"{self.tag}_{name}")
+        return received
+
+    def unpack(self, received: tf.Tensor, counts: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Per lookup, the rows `received` holds from every rank (`counts`: per lookup, how many
+        each rank sent), concatenated in source-rank order."""
+        sizes = [c * look.row_elements for c, look in zip(counts, self.lookups)]
+        blocks = tf.split(received, tf.add_n(sizes), num=self.num_ranks)
+        per_source = [tf.split(blocks[s], [size[s] for size in sizes], num=len(self.lookups))
+                      for s in range(self.num_ranks)]
+        return [tf.reshape(tf.concat([per_source[s][k] for s in range(self.num_ranks)], 0), [-1] + look.row_shape)
+                for k, look in enumerate(self.lookups)]
 
 
-def exchange_lookups(variable, needed: set, num_ranks: int, rank: int) -> dict:
-    """Rewires each lookup of the shard `variable` that the loss needs to the alltoall exchange.
-    Returns new gather -> (the expansion, the lookup's ids, its Exchange), as
+def exchange_lookups(variables, needed: set, num_ranks: int, rank: int) -> dict:
+    """Rewires each lookup of the shards `variables` that the loss needs to one exchange per
+    dtype. Returns new gather -> (the expansion, the lookup's ids, its Lookup), as
     rebuild.pull_distinct_rows returns its expansions (the gradient is taken per looked-up id)."""
-    import horovod.tensorflow as hvd
+    packs: Dict[str, Pack] = {}
+    found = []
+    for variable in variables:
+        lookups = sorted((op for op in variable.handle.consumers() if op in needed), key=lambda o: o.name)
+        other = [op for op in lookups if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0]
+        if other:
+            raise ModelError(f"variable {variable.op.name!r} is read by {other[0].name!r} ({other[0].type}), not "
+                             "only by lookups (tf.nn.embedding_lookup, tf.gather); the alltoall route serves "
+                             "lookups alone. Use --strategy=hybrid (its PS route reads any way), or look its rows up")
+        dtype = variable.dtype.base_dtype
+        pack = packs.setdefault(dtype.name, Pack(f"parallax_a2a_{dtype.name}", num_ranks))
+        for op in lookups:
+            found.append((pack, variable, op))
     expansions = {}
-    lookups = [op for op in variable.handle.consumers() if op in needed]
-    other = [op for op in lookups if op.type != "ResourceGather" or op.get_attr("batch_dims") != 0]
-    if other:
-        raise ModelError(f"variable {variable.op.name!r} is read by {other[0].name!r} ({other[0].type}), not only "
-                         "by lookups (tf.nn.embedding_lookup, tf.gather); the alltoall route serves lookups "
-                         "alone. Use --strategy=hybrid (its PS route reads any way), or look its rows up")
-    for k, op in enumerate(sorted(lookups, key=lambda o: o.name)):
-        ids, looked_up = op.inputs[1], op.outputs[0]
-        tag = f"parallax_a2a_{variable.op.name.replace('/', '_')}_{k}"
-        distinct, position = tf.unique(tf.cast(tf.reshape(ids, [-1]), tf.int64))
+    for pack in packs.values():
+        ops = [(variable, op) for p, variable, op in found if p is pack]
+        expansions.update(_exchange(pack, ops, num_ranks, rank))
+    return expansions
+
+
+def _exchange(pack: Pack, ops, num_ranks: int, rank: int) -> dict:
+    import horovod.tensorflow as hvd
+    for k, (variable, op) in enumerate(ops):
+        distinct, position = tf.unique(tf.cast(tf.reshape(op.inputs[1], [-1]), tf.int64))
         owner = tf.math.floormod(distinct, num_ranks)
         order = tf.argsort(owner, stable=True)
-        splits = tf.math.bincount(tf.cast(owner, tf.int32), minlength=num_ranks, maxlength=num_ranks, dtype=tf.int32)
-        asked, asked_splits = hvd.alltoall(tf.gather(distinct, order), splits=splits, name=f"{tag}_ids")
-        served = tf.math.floordiv(asked, num_ranks)
-        rows = tf_shim.resource_gather(variable.handle, served, dtype=looked_up.dtype, name=op.name + "_served")
-        returned, _ = hvd.alltoall(rows, splits=asked_splits, name=f"{tag}_rows")
-        distinct_rows = tf.gather(returned, tf.math.invert_permutation(order))
-        expanded = tf.reshape(tf.gather(distinct_rows, position),
-                              tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+        counts = tf.math.bincount(tf.cast(owner, tf.int32), minlength=num_ranks, maxlength=num_ranks,
+                                  dtype=tf.int32)
+        look = Lookup(pack, k, variable, variable.shape[1:].as_list(), position, tf.size(distinct), order, counts)
+        look.away = tf.reduce_sum(tf.cast(tf.not_equal(owner, rank), tf.int64))
+        look.sorted_ids = tf.gather(distinct, order)
+        pack.lookups.append(look)
+    lookups, K = pack.lookups, len(pack.lookups)
+    # ids: to each rank, how many ids of each lookup it gets, then those ids
+    counts = tf.stack([look.counts for look in lookups])                       # [K, N]
+    id_pieces = [tf.split(look.sorted_ids, look.counts, num=num_ranks) for look in lookups]
+    message = tf.concat([part for r in range(num_ranks)
+                         for part in [tf.cast(counts[:, r], tf.int64)] + [id_pieces[k][r] for k in range(K)]], 0)
+    asked, asked_splits = hvd.alltoall(message, splits=K + tf.reduce_sum(counts, 0), name=f"{pack.tag}_ids")
+    blocks = tf.split(asked, asked_splits, num=num_ranks)
+    heads = [tf.cast(block[:K], tf.int32) for block in blocks]                 # per source: [K]
+    bodies = [tf.split(block[K:], head, num=K) for block, head in zip(blocks, heads)]
+    expansions, served_rows = {}, []
+    for k, look in enumerate(lookups):
+        look.served_counts = tf.stack([head[k] for head in heads])
+        look.served = tf.math.floordiv(tf.concat([body[k] for body in bodies], 0), num_ranks)
+        op = ops[k][1]
+        rows = tf_shim.resource_gather(look.variable.handle, look.served, dtype=op.outputs[0].dtype,
+                                       name=op.name + "_served")
+        served_rows.append(rows)
+    returned = pack.unpack(pack.send(served_rows, [look.served_counts for look in lookups], "rows"),
+                           [look.counts for look in lookups])
+    for k, look in enumerate(lookups):
+        ids, looked_up = ops[k][1].inputs[1], ops[k][1].outputs[0]
+        distinct_rows = tf.gather(returned[k], tf.math.invert_permutation(look.order))
+        expanded = tf.reshape(tf.gather(distinct_rows, look.position),
+                              tf.concat([tf.shape(ids), tf.constant(look.row_shape, tf.int32)], 0))
         expanded.set_shape(looked_up.shape)
         rewire(looked_up, expanded, set(looked_up.consumers()))
-        away = tf.reduce_sum(tf.cast(tf.not_equal(owner, rank), tf.int64))
-        expansions[rows.op] = (expanded, ids, Exchange(ids, position, tf.size(distinct), order, splits, served,
-                                                       away, tag))
+        expansions[served_rows[k].op] = (expanded, ids, look)
     return expansions

@@ -21,30 +21,40 @@ class AlltoallRoute(SyncRoute):
         self.shards = [part.variable for e in entries for part in rebuilt.parts[e.name]]
 
     def build(self) -> Dict[str, object]:
-        import horovod.tensorflow as hvd
         topo = self.request.topology
         size, hosts = topo.size, len(topo.ranks_per_host)
-        averaged, moved = {}, []
+        own, moved = {}, []           # variable op name -> its lookups' gradient rows, per lookup
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
-                if grad is None:
+                if grad is not None:
+                    own[part.variable.op.name] = dict((look.index, rows) for look, rows
+                                                      in self.rebuilt.exchanged[part.variable.op.name])
+                    self.lower_bound.append(lower_bound_bytes(grad, part.variable, size, hosts))
+        arrived = {}                  # (pack, lookup index) -> the rows every rank sent for it
+        for pack in self.rebuilt.packs:
+            sent = []
+            for look in pack.lookups:
+                rows = own.get(look.variable.op.name, {}).get(look.index)
+                if rows is None:      # every rank sends its share of the pack: zeros, left out below
+                    sent.append(tf.zeros([look.num_distinct] + look.row_shape, pack_dtype(pack)))
                     continue
-                var = part.variable
-                row_bytes = var.dtype.base_dtype.size * max(1, int(var.shape[1:].num_elements() or 1))
-                ids, values = [], []
-                for exchange, rows in self.rebuilt.exchanged[var.op.name]:
-                    summed = tf.math.unsorted_segment_sum(rows, exchange.position, exchange.num_distinct)
-                    back, _ = hvd.alltoall(tf.gather(summed, exchange.order), splits=exchange.splits,
-                                           name=f"{exchange.tag}_grads")
-                    ids.append(exchange.served)
-                    values.append(back)
-                    moved.append(exchange.away * (2 * row_bytes + 8))
-                ids, values = (tf.concat(t, 0) if len(t) > 1 else t[0] for t in (ids, values))
-                rows, where = tf.unique(ids)
-                total = tf.math.unsorted_segment_sum(values, where, tf.size(rows))
-                averaged[var.op.name] = tf.IndexedSlices(total / tf.cast(size, total.dtype), rows,
-                                                         tf.shape(var, out_type=tf.int64))
-                self.lower_bound.append(lower_bound_bytes(grad, var, size, hosts))
+                summed = tf.math.unsorted_segment_sum(rows, look.position, look.num_distinct)
+                sent.append(tf.gather(summed, look.order))
+                row_bytes = pack_dtype(pack).size * look.row_elements
+                moved.append(look.away * (2 * row_bytes + 8))
+            received = pack.unpack(pack.send(sent, [look.counts for look in pack.lookups], "grads"),
+                                   [look.served_counts for look in pack.lookups])
+            arrived.update({(id(pack), look.index): rows for look, rows in zip(pack.lookups, received)})
+        averaged = {}
+        for name, by_index in own.items():
+            looks = [look for look, _ in self.rebuilt.exchanged[name]]
+            ids = tf.concat([look.served for look in looks], 0)
+            values = tf.concat([arrived[(id(look.pack), look.index)] for look in looks], 0)
+            rows, where = tf.unique(ids)
+            total = tf.math.unsorted_segment_sum(values, where, tf.size(rows))
+            var = looks[0].variable
+            averaged[name] = tf.IndexedSlices(total / tf.cast(size, total.dtype), rows,
+                                              tf.shape(var, out_type=tf.int64))
         self.bytes[ROUTE_ALLTOALL] = tf.add_n(moved) if moved else tf.constant(0, tf.int64)
         return averaged
 
@@ -63,3 +73,7 @@ class AlltoallRoute(SyncRoute):
         """Saved name -> "ranks" for the state made in the shards' shape (the shards' own entries
         have it from the plan)."""
         return {logical_name(v): RANKS_LAYOUT for v in self.kept_per_rank()[len(self.shards):]}
+
+
+def pack_dtype(pack):
+    return pack.lookups[0].variable.dtype.base_dtype

@@ -37,6 +37,7 @@ class Rebuilt:
     distinct_lookups: Dict[str, "DistinctLookup"] = dataclasses.field(default_factory=dict)
     # alltoall-route variable op name -> (its lookup's Exchange, that lookup's gradient rows), per lookup
     exchanged: Dict[str, list] = dataclasses.field(default_factory=dict)
+    packs: list = dataclasses.field(default_factory=list)     # the alltoall route's exchanges (one per dtype)
 
     @property
     def loss(self):
@@ -114,14 +115,14 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
             for name in sorted(sparse_on_ps):
                 for part in parts[name]:
                     expansions.update(pull_distinct_rows(part.variable, ancestors(training.loss.op)))
-        for name in sorted(on_ranks):
-            for part in parts[name]:
-                expansions.update(exchange_lookups(part.variable, ancestors(training.loss.op), topo.size, topo.rank))
-                exchanged[part.variable.op.name] = []
+        shards = [part.variable for name in sorted(on_ranks) for part in parts[name]]
+        exchanges = exchange_lookups(shards, ancestors(training.loss.op), topo.size, topo.rank) if shards else {}
+        expansions.update(exchanges)
+        exchanged.update({var.op.name: [] for var in shards})
         grads = own_gradients(training, parts, sparse_on_ps | set(on_ranks), expansions, distinct_lookups,
                               exchanged)
     return Rebuilt(training=training, parts=parts, grads=grads, distinct_lookups=distinct_lookups,
-                   exchanged=exchanged)
+                   exchanged=exchanged, packs=list({id(e[2].pack): e[2].pack for e in exchanges.values()}.values()))
 
 
 def _created_name(graph, name) -> str:

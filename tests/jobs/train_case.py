@@ -1,5 +1,6 @@
 """Trains one named test case with parallax_tf's own flags (--strategy, --steps, --ckpt_dir, ...)
 and saves what this rank got into --out/<case>.rank<r>.npz. A rank can be made to misbehave."""
+import json
 import os
 import sys
 import threading
@@ -95,7 +96,7 @@ def main(argv):
                  global_step=result.global_step, start_step=result.start_step,
                  checkpoint=str(result.checkpoint), bytes=np.array(result.bytes_per_step, dtype=object),
                  extras=repr(result.extras), histograms=repr(result.histograms), lost_ranks=result.lost_ranks,
-                 **arrays)
+                 routes=json.dumps({v.name: v.route for v in result.plan.variables}), **arrays)
 
 
 if __name__ == "__main__":
