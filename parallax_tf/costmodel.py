@@ -7,8 +7,8 @@ Per step, every host link carries (each direction, full duplex):
   PS, P shards over the hosts     each host pushes the union of its ranks' rows and every rank
                                   pulls its distinct rows; a host serving s of the P shards
                                   receives/sends s/P of every other host's share (fan-in)
-  alltoall, u distinct rows       (N-1)/N of them leave: ids out, rows back, gradient rows out,
-                                  and as much arrives for the rows the host's ranks serve
+  alltoall, u distinct rows       the (N-L)/N other hosts own leave: ids out, rows back,
+                                  gradient rows out; as much arrives for the rows it serves
 The busiest link sets the network time, for collectives and for PS traffic apart; round trips
 add latency; each graph run a server handles costs a fixed overhead; compute is the measured
 single-device CPU time. A step also takes at least the CPU of the busiest host's rank
@@ -156,8 +156,8 @@ def host_traffic(load: Load, choice: Choice, cluster: Cluster,
     tx, rx, messages = [0.0] * H, [0.0] * H, [0] * H
     if N == 1 or load.gradient == "none" or H == 1 and choice.route == ROUTE_ALLREDUCE:
         return tx, rx, messages
-    if choice.route == ROUTE_ALLTOALL:
-        each = L * (N - 1) / N * load.rows_touched * (2 * load.row_bytes + INDEX_BYTES)
+    if choice.route == ROUTE_ALLTOALL:    # rows the host's own ranks own stay on it
+        each = L * (N - L) / N * load.rows_touched * (2 * load.row_bytes + INDEX_BYTES)
         return [each] * H, [each] * H, messages
     if choice.route == ROUTE_ALLREDUCE:
         if load.gradient == "sparse":
