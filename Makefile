@@ -18,10 +18,8 @@ demo: $(STAMP)
 plan: $(STAMP)
 	$(PY) -m models.lm --plan_only --np 2
 
-# Two test files at a time (a file's tests share their jobs): the machine's cores idle while a
-# test waits on ranks, a timeout or a restart.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40 tests
+	$(PY) -m pytest -q --durations=40 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

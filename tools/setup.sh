@@ -87,14 +87,11 @@ fi
 if [ ! -f "$stamp_dir/pip.done" ]; then
   log "installing $tf_package, absl-py, numpy, pytest"
   "$py" -m pip install -q --upgrade pip wheel setuptools
-  "$py" -m pip install -q "$tf_package" absl-py numpy pytest pytest-xdist matplotlib cloudpickle psutil pyyaml packaging cffi
+  "$py" -m pip install -q "$tf_package" absl-py numpy pytest matplotlib cloudpickle psutil pyyaml packaging cffi
   echo "$device" > "$stamp_dir/pip.done"
 fi
 if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then   # tools.bench plots (added later)
   "$py" -m pip install -q matplotlib
-fi
-if ! "$py" -c "import xdist" >/dev/null 2>&1; then        # make test runs two test files at a time
-  "$py" -m pip install -q pytest-xdist
 fi
 # TensorBoard reads what --logdir writes; TensorFlow 2.21 no longer brings it
 if ! "$py" -c "import tensorboard" >/dev/null 2>&1; then

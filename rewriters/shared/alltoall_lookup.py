@@ -64,6 +64,10 @@ class Pack:
     num_ranks: int
     lookups: List[Lookup] = dataclasses.field(default_factory=list)
 
+    @property
+    def dtype(self):
+        return self.lookups[0].variable.dtype.base_dtype
+
     def send(self, per_lookup: List[tf.Tensor], counts: List[tf.Tensor], name: str) -> tf.Tensor:
         """Sends each lookup's rows (grouped by destination, `counts` per destination) to their
         ranks in one alltoall, and returns what arrived, flat, in source-rank order."""

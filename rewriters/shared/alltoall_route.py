@@ -36,17 +36,17 @@ class AlltoallRoute(SyncRoute):
             for look in pack.lookups:
                 rows = own.get(look.variable.op.name, {}).get(look.index)
                 if rows is None:      # every rank sends its share of the pack: zeros, left out below
-                    sent.append(tf.zeros([look.num_distinct] + look.row_shape, pack_dtype(pack)))
+                    sent.append(tf.zeros([look.num_distinct] + look.row_shape, pack.dtype))
                     continue
                 summed = tf.math.unsorted_segment_sum(rows, look.position, look.num_distinct)
                 sent.append(tf.gather(summed, look.order))
-                row_bytes = pack_dtype(pack).size * look.row_elements
+                row_bytes = pack.dtype.size * look.row_elements
                 moved.append(look.away * (2 * row_bytes + 8))
             received = pack.unpack(pack.send(sent, [look.counts for look in pack.lookups], "grads"),
                                    [look.served_counts for look in pack.lookups])
             arrived.update({(id(pack), look.index): rows for look, rows in zip(pack.lookups, received)})
         averaged = {}
-        for name, by_index in own.items():
+        for name in own:
             looks = [look for look, _ in self.rebuilt.exchanged[name]]
             ids = tf.concat([look.served for look in looks], 0)
             values = tf.concat([arrived[(id(look.pack), look.index)] for look in looks], 0)
@@ -73,7 +73,3 @@ class AlltoallRoute(SyncRoute):
         """Saved name -> "ranks" for the state made in the shards' shape (the shards' own entries
         have it from the plan)."""
         return {logical_name(v): RANKS_LAYOUT for v in self.kept_per_rank()[len(self.shards):]}
-
-
-def pack_dtype(pack):
-    return pack.lookups[0].variable.dtype.base_dtype
