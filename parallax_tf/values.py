@@ -130,7 +130,7 @@ class StateIO:
 
     def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1,
                  owners: Optional[Dict[str, List[int]]] = None, rank: int = 0):
-        self.entries, self.num_ranks = entries, num_ranks
+        self.entries = entries
         self.on_ranks = {k for k, e in entries.items() if e.layout == RANKS_LAYOUT}
         everyone = list(range(num_ranks))
         owners = {k: list(r) for k, r in (owners or {}).items() if k in entries and list(r) != everyone}

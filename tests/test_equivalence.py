@@ -1,6 +1,7 @@
 """N real ranks of every strategy end with the same variables as single-device TF trained on the
 concatenation of the ranks' batches (max |delta| / max |w| <= 1e-5; 1e-4 for Adam)."""
 import functools
+import json
 import os
 import tempfile
 
@@ -86,3 +87,32 @@ def test_moving_mean_of_the_input_equals_single_device(strategy, size, name, mov
     want = reference.train_single_device(model, optimizer, size)[moving_mean]
     assert reference.relative_error(got, want) <= 1e-5
     assert reference.relative_error(want, np.zeros_like(want)) > 0.1     # it moved
+
+
+# A machine where every received byte and TF's gRPC master cost much CPU: on two hosts auto's cost
+# model puts the table on the alltoall route, which receives only the rows its rank serves.
+ALLTOALL_MACHINE = {"runtime_cpu_s": 0.001, "task_cpu_s": 0.001, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-4,
+                    "master_cpu_s": 1.0, "received_cpu_s_per_byte": 1e-3}
+
+
+def test_auto_on_the_alltoall_route_matches_single_device():
+    """Two emulated hosts (tools.cluster), strategy auto: the plan puts the table on the alltoall
+    route and training equals single-device TF on both ranks' batches."""
+    import subprocess
+    import sys
+    out, calibration = tempfile.mkdtemp(), os.path.join(tempfile.mkdtemp(), "calibration.json")
+    with open(calibration, "w") as f:
+        json.dump(ALLTOALL_MACHINE, f)
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", sys.executable,
+                           "tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}", "--log_every=0",
+                           "--strategy=auto", f"--calibration={calibration}", f"--steps={cases.STEPS}"],
+                          cwd=launch.ROOT, capture_output=True, text=True, timeout=400, start_new_session=True,
+                          env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    assert proc.returncode == 0, launch.tail(proc)
+    ranks = [np.load(os.path.join(out, f"mixed_adam.rank{r}.npz")) for r in range(2)]
+    assert json.loads(str(ranks[0]["routes"])) == {"emb": "alltoall", "w": "allreduce", "b": "allreduce"}
+    want = reference.train_single_device("mixed", "adam", 2)
+    for name, value in want.items():
+        assert reference.relative_error(ranks[0][f"var:{name}"], value) <= 1e-4, name
+        np.testing.assert_array_equal(ranks[1][f"var:{name}"], ranks[0][f"var:{name}"])
+

@@ -35,7 +35,7 @@ class Rebuilt:
                                                 # (None where the train op does not update it)
     # variable op name -> its one de-duplicated lookup, for a part whose gradient comes from it alone
     distinct_lookups: Dict[str, "DistinctLookup"] = dataclasses.field(default_factory=dict)
-    # alltoall-route variable op name -> (its lookup's Exchange, that lookup's gradient rows), per lookup
+    # alltoall-route variable op name -> (a lookup's alltoall_lookup.Lookup, its gradient rows), per lookup
     exchanged: Dict[str, list] = dataclasses.field(default_factory=dict)
     packs: list = dataclasses.field(default_factory=list)     # the alltoall route's exchanges (one per dtype)
 
@@ -196,7 +196,7 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
     the server and back before the de-duplicated push. `expansions` (pull_distinct_rows):
     for a de-duplicated lookup, the gradient of its expansion, per looked-up id; a part whose
     gradient comes from one such lookup alone is entered in `distinct_lookups`; the gradient rows
-    of each lookup of an alltoall-route part go to `exchanged` with its Exchange."""
+    of each lookup of an alltoall-route part go to `exchanged` with its Lookup."""
     needed = set().union(*(ancestors(y.op) for y in ys))
     xs, recipe = [], []                      # recipe: per part, ("var", i) or ("lookups", [(op, i)])
     for name, pieces in parts.items():
