@@ -19,6 +19,7 @@ whole values into them and gathers them back.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List
 
 import tensorflow as tf
@@ -51,10 +52,7 @@ class Lookup:
 
     @property
     def row_elements(self) -> int:
-        n = 1
-        for d in self.row_shape:
-            n *= d
-        return n
+        return math.prod(self.row_shape)
 
 
 @dataclasses.dataclass
@@ -90,10 +88,11 @@ class Pack:
                 for k, look in enumerate(self.lookups)]
 
 
-def exchange_lookups(variables, needed: set, num_ranks: int, rank: int) -> dict:
+def exchange_lookups(variables, needed: set, num_ranks: int, rank: int):
     """Rewires each lookup of the shards `variables` that the loss needs to one exchange per
-    dtype. Returns new gather -> (the expansion, the lookup's ids, its Lookup), as
-    rebuild.pull_distinct_rows returns its expansions (the gradient is taken per looked-up id)."""
+    dtype. Returns (new gather -> (the expansion, the lookup's ids, its Lookup), as
+    rebuild.pull_distinct_rows returns its expansions (the gradient is taken per looked-up id);
+    the exchanges)."""
     packs: Dict[str, Pack] = {}
     found = []
     for variable in variables:
@@ -111,7 +110,7 @@ def exchange_lookups(variables, needed: set, num_ranks: int, rank: int) -> dict:
     for pack in packs.values():
         ops = [(variable, op) for p, variable, op in found if p is pack]
         expansions.update(_exchange(pack, ops, num_ranks, rank))
-    return expansions
+    return expansions, list(packs.values())
 
 
 def _exchange(pack: Pack, ops, num_ranks: int, rank: int) -> dict:

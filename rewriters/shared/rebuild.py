@@ -55,10 +55,28 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     variables placed as the plan says: the shards of `on_servers` (default: the PS route's
     variables) and their optimizer slots on their server (TF's partitioner splits variables the
     plan shards), the global step on PS 0 when there are such variables or `step_on_server`,
-    everything else (model state, optimizers' other state, all ops) on this rank's worker.
+    everything else (model state, optimizers' other state, all ops) on this rank's worker; an
+    alltoall-route variable as this rank's shard of it.
     Then takes this rank's own raw gradients for every variable the train op updates."""
-    plan, topo = request.plan, request.topology
+    plan = request.plan
     on_servers = plan.on_route(ROUTE_PS) if on_servers is None else on_servers
+    on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
+    training = _build_placed(request, on_servers, on_ranks, step_on_server)
+    parts = _parts_by_logical_name(plan)
+    trained = {v.name for v in plan.trained}
+    missing, extra = trained - set(parts), set(parts) - trained
+    if missing or extra:
+        raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
+                         f"new {sorted(extra)}); model_fn must build the same graph every call")
+    sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
+    with tf.device(request.topology.worker_device):
+        return _own_rows_and_gradients(request, training, parts, sparse_on_ps if distinct_pulls else set(),
+                                       sparse_on_ps, on_ranks)
+
+
+def _build_placed(request: BuildRequest, on_servers, on_ranks: dict, step_on_server: bool):
+    """model_fn's training graph with its variables where the plan puts them (rebuild)."""
+    plan, topo = request.plan, request.topology
     graph = tf.compat.v1.get_default_graph()
     ps_device = {s.name: f"/job:ps/task:{s.server}" for v in on_servers for s in v.shards}
     if (on_servers or step_on_server) and plan.global_step:
@@ -80,6 +98,9 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     def create_variable(next_creator, kwargs, in_apply: bool):
         kwargs["use_resource"] = True   # reads of PS variables then run on the PS (only rows move)
         name = kwargs.get("name") or ""
+        entry = on_ranks.get(_created_name(graph, name))
+        if entry is not None and not in_apply:
+            rank_shard(kwargs, entry, topo.size, topo.rank)
         if in_apply and name.startswith(slot_prefixes):
             return next_creator(**kwargs)     # a PS variable's slot lives next to it
         # Optimizers colocate their other state (Adam's beta powers) with some variable, and an
@@ -88,41 +109,30 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
         with tf.compat.v1.colocate_with(None, ignore_existing=True):
             return next_creator(**kwargs)
 
-    on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
-
-    def create(next_creator, kwargs, in_apply: bool):
-        entry = on_ranks.get(_created_name(graph, kwargs.get("name")))
-        if entry is not None and not in_apply:
-            rank_shard(kwargs, entry, topo.size, topo.rank)
-        return create_variable(next_creator, kwargs, in_apply)
-
     tf.compat.v1.set_random_seed(request.seed)
     with contextlib.ExitStack() as stack:
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
-        training = training_graph.build(request.model_fn, request.ctx, variable_hook=create,
-                                        shard=request.shard_input)
-    parts = _parts_by_logical_name(plan)
-    trained = {v.name for v in plan.trained}
-    missing, extra = trained - set(parts), set(parts) - trained
-    if missing or extra:
-        raise ModelError(f"model_fn built different variables the second time (missing {sorted(missing)}, "
-                         f"new {sorted(extra)}); model_fn must build the same graph every call")
-    sparse_on_ps = {v.name for v in on_servers if v.gradient == "sparse"}
-    expansions, distinct_lookups, exchanged = {}, {}, {}
-    with tf.device(topo.worker_device):
-        if distinct_pulls:
-            for name in sorted(sparse_on_ps):
-                for part in parts[name]:
-                    expansions.update(pull_distinct_rows(part.variable, ancestors(training.loss.op)))
-        shards = [part.variable for name in sorted(on_ranks) for part in parts[name]]
-        exchanges = exchange_lookups(shards, ancestors(training.loss.op), topo.size, topo.rank) if shards else {}
-        expansions.update(exchanges)
-        exchanged.update({var.op.name: [] for var in shards})
-        grads = own_gradients(training, parts, sparse_on_ps | set(on_ranks), expansions, distinct_lookups,
-                              exchanged)
+        return training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable,
+                                    shard=request.shard_input)
+
+
+def _own_rows_and_gradients(request, training, parts, pulled: set, sparse_on_ps: set, on_ranks: dict) -> Rebuilt:
+    """Lookups of `pulled` PS variables read distinct rows, those of alltoall-route variables go
+    through the exchange; then this rank's own gradients (rebuild)."""
+    topo = request.topology
+    forward = ancestors(training.loss.op)
+    expansions, distinct_lookups = {}, {}
+    for name in sorted(pulled):
+        for part in parts[name]:
+            expansions.update(pull_distinct_rows(part.variable, forward))
+    shards = [part.variable for name in sorted(on_ranks) for part in parts[name]]
+    exchanges, packs = exchange_lookups(shards, forward, topo.size, topo.rank) if shards else ({}, [])
+    expansions.update(exchanges)
+    exchanged = {var.op.name: [] for var in shards}
+    grads = own_gradients(training, parts, sparse_on_ps | set(on_ranks), expansions, distinct_lookups, exchanged)
     return Rebuilt(training=training, parts=parts, grads=grads, distinct_lookups=distinct_lookups,
-                   exchanged=exchanged, packs=list({id(e[2].pack): e[2].pack for e in exchanges.values()}.values()))
+                   exchanged=exchanged, packs=packs)
 
 
 def _created_name(graph, name) -> str:
