@@ -115,4 +115,3 @@ def test_auto_on_the_alltoall_route_matches_single_device():
     for name, value in want.items():
         assert reference.relative_error(ranks[0][f"var:{name}"], value) <= 1e-4, name
         np.testing.assert_array_equal(ranks[1][f"var:{name}"], ranks[0][f"var:{name}"])
-

@@ -43,7 +43,6 @@ class AllReduce(Hybrid):
         return ROUTE_ALLREDUCE, f"strategy allreduce: {how}"
 
 
-
 class Collective(Hybrid):
     name = "collective"
     time_compute = False
