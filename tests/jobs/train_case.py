@@ -39,7 +39,18 @@ def _rank():
 def _die_when_stamped(stamp: str) -> None:
     while not os.path.exists(stamp):
         time.sleep(0.02)
+    open(stamp + ".dying", "w").close()       # the trigger rank waits for this before its step goes on
     os.kill(os.getpid(), 9)
+
+
+def _wait_for_the_victim(stamp: str, timeout_s: float = 120) -> None:
+    """The trigger rank's step starts only once the victim is dying, so the step it dies at is
+    the one asked for, however slowly the victim's watching thread runs."""
+    deadline = time.time() + timeout_s
+    while not os.path.exists(stamp + ".dying"):
+        if time.time() > deadline:
+            raise RuntimeError(f"rank {FLAGS.die_rank} did not die within {timeout_s:.0f}s of {stamp}")
+        time.sleep(0.01)
 
 
 def _die_in_checkpoint(step: int, stamp: str) -> None:
@@ -85,6 +96,7 @@ def main(argv):
                 out.write(repr(time.time()))
             if _rank() == FLAGS.die_rank:
                 os.kill(os.getpid(), 9)
+            _wait_for_the_victim(stamp)
         feeds = inner(ctx)
         if ctx.rank == 1 and ctx.step == FLAGS.nan_at_step:
             feeds["y"] = np.full_like(feeds["y"], np.nan)
