@@ -120,7 +120,7 @@ def make_model_fn(user_buckets: int = DEFAULTS["user_buckets"], item_buckets: in
         train_op = tf.group(
             ftrl.apply_gradients(ftrl.compute_gradients(loss, var_list=wide_vars)),
             adagrad.apply_gradients(adagrad.compute_gradients(loss, var_list=deep_vars), global_step=step))
-        return ptf.Model(loss=loss, train_op=train_op)
+        return ptf.Model(loss=loss, train_op=train_op, predictions={"probability": tf.sigmoid(logits)})
     return model_fn
 
 

@@ -24,6 +24,9 @@ class Model:
     # Result.metrics, TensorBoard); a vector of fixed length is averaged element by element
     # (Result.metrics only). Where ctx.batch_joined, over the joined batches, weighted by rows
     metrics: Optional[Dict[str, object]] = None
+    # what a served model answers: a tensor or {name: tensor} computed from placeholders
+    # (parallax_tf.export_saved_model); training ignores it
+    predictions: object = None
 
 
 @dataclasses.dataclass
@@ -37,6 +40,9 @@ class RunContext:
     # the strategy computes the loss once over the data ranks' batches joined (stanza's FC node):
     # a loss that is the mean over the rows the graph sees is the single-device one
     batch_joined: bool = False
+    # model_fn builds the graph export_saved_model serves: no dropout, batch norm on its moving
+    # statistics
+    serving: bool = False
 
 
 @dataclasses.dataclass
@@ -85,3 +91,16 @@ def check_metrics(metrics) -> None:
             raise ModelError(f"metric {name!r} is {getattr(value, 'shape', type(value).__name__)}; each metric must "
                              "be a numeric scalar (or a vector of fixed length) tensor of model_fn's graph (e.g. "
                              "tf.reduce_mean of a batch's accuracy)")
+
+
+def check_predictions(predictions) -> None:
+    """Model.predictions is None, a tensor or {name: tensor}, or one ModelError saying what it is."""
+    import tensorflow as tf
+    from parallax_tf.errors import ModelError
+    if predictions is None:
+        return
+    named = predictions if isinstance(predictions, dict) else {"predictions": predictions}
+    for name, value in named.items():
+        if not isinstance(name, str) or not isinstance(value, tf.Tensor):
+            raise ModelError(f"Model(predictions=...) holds {name!r}: {type(value).__name__}; pass a tensor of "
+                             "model_fn's graph or a dict {name: tensor}")

@@ -25,7 +25,7 @@ from parallax_tf.keras_support import (creating_layer, describe_optimizer, is_le
                                        keras_constants_stay_in_the_graph, legacy_keras_optimizer_class,
                                        new_keras_optimizer_class)
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors, needed_placeholders
-from parallax_tf.model import Model, RunContext, check_metrics
+from parallax_tf.model import Model, RunContext, check_metrics, check_predictions
 
 # The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
 MODEL_INIT_OPS = "parallax_model_init_ops"
@@ -234,6 +234,7 @@ def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
         raise ModelError(f"loss {model.loss.name} has shape {model.loss.shape}; it must be a scalar "
                          "(reduce it, e.g. tf.reduce_mean over the batch)")
     check_metrics(model.metrics)
+    check_predictions(model.predictions)
     return model
 
 

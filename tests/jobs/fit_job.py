@@ -97,6 +97,10 @@ def wide_deep(strategy):
     history = ptf.fit(model, *train, batch_size=20, epochs=4, shuffle=False, validation_data=val,
                       callbacks=callbacks, strategy=strategy)
     history.history["seen"] = seen.seen
+    if RANK == 0:     # Keras' own SavedModel of the trained model (tests/test_export serves it)
+        model.save(out + ".saved", save_format="tf")
+        np.savez(out + ".served.npz", **{k: v[90:] for k, v in x.items()},
+                 predictions=model.predict({k: v[90:] for k, v in x.items()}, verbose=0))
     reference = wide_deep_model()
     seen_there = EpochsSeen()
     want = reference.fit(*train, batch_size=20, epochs=4, shuffle=False, validation_data=val,

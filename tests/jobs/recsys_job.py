@@ -25,6 +25,8 @@ RUNS = {
     "auto": dict(strategy="auto"),
     "hybrid_p3": dict(strategy="hybrid", partitions=3),
 }
+# runs that also write a checkpoint, into OUT_DIR/ckpt-RUN (tests/test_export serves it)
+CHECKPOINTED = ("hybrid_p3",)
 
 
 def model_fn():
@@ -38,7 +40,8 @@ def input_fn():
 def main(out_dir, names):
     import horovod.tensorflow as hvd
     for name in names:
-        result = ptf.run(model_fn(), input_fn(), steps=STEPS, log_every=0, seed=SEED, **RUNS[name])
+        ckpt = dict(ckpt_dir=os.path.join(out_dir, f"ckpt-{name}")) if name in CHECKPOINTED else {}
+        result = ptf.run(model_fn(), input_fn(), steps=STEPS, log_every=0, seed=SEED, **RUNS[name], **ckpt)
         arrays = {f"var:{k}": v for k, v in result.variables.items()}
         routes = {v.name: [v.route, v.partitions] for v in result.plan.variables}
         np.savez(os.path.join(out_dir, f"{name}.rank{hvd.rank()}.npz"), losses=np.array(result.losses),
