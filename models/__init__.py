@@ -1,4 +1,5 @@
-"""Reference models for parallax_tf: lm (sparse-heavy), cnn (dense FC-heavy), mlp (tiny, for tests).
+"""Reference models for parallax_tf: lm (sparse-heavy), cnn (dense FC-heavy), mlp (tiny, for tests),
+recsys (wide & deep over feature columns) and criteo (Criteo's shape, DLRM).
 
 Each module exposes make_model_fn(**kw) / make_input_fn(**kw) usable without absl flags, default
 `model_fn` / `input_fn`, and a main() runnable as `python -m models.<name>`.

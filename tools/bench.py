@@ -60,7 +60,7 @@ def model_flags() -> list:
     to every job (so e.g. --slim_core or --cnn_fc_units reach the ranks)."""
     passed = []
     for name in FLAGS:
-        if name.startswith(("slim_", "cnn_", "mlp_", "lm_", "recsys_", "staleness_", "max_staleness", "ps_plus_",
+        if name.startswith(("slim_", "cnn_", "mlp_", "lm_", "recsys_", "criteo_", "staleness_", "max_staleness", "ps_plus_",
                             "stanza_", "fc_nodes", "dsp_", "stages", "threads")) and FLAGS[name].present:
             value = FLAGS[name].value
             passed.append(f"--{name}={','.join(map(str, value)) if isinstance(value, list) else value}")

@@ -6,15 +6,16 @@ from typing import Optional, Sequence
 from absl import flags
 
 import models.cnn  # noqa: F401,E402  (the reference models' flags: --cnn_fc_units, --lm_vocab, ...)
+import models.criteo  # noqa: F401,E402
 import models.lm  # noqa: F401,E402
 import models.mlp  # noqa: F401,E402
 import models.recsys  # noqa: F401,E402
 
 # the sizes the sweep runs each model at, and calibration its smaller dense one (a 200k-weight CNN
 # head: a step at 10 Mbit stays ~1 s)
-SWEEP_MODEL_FLAGS = {"lm": [], "cnn": ["--cnn_fc_units=256,256"], "mlp": [], "recsys": []}
+SWEEP_MODEL_FLAGS = {"lm": [], "cnn": ["--cnn_fc_units=256,256"], "mlp": [], "recsys": [], "criteo": []}
 
-flags.DEFINE_string("model", "lm", "Reference model: lm | cnn | mlp | recsys.")
+flags.DEFINE_string("model", "lm", "Reference model: lm | cnn | mlp | recsys | criteo.")
 flags.DEFINE_integer("warmup", 5, "Steps left out of the timings.")
 FLAGS = flags.FLAGS
 

@@ -1,0 +1,25 @@
+"""Runs on every rank: trains models.criteo on a Criteo TSV file through tf.data and saves what rank 0 got.
+
+usage: criteo_job.py OUT_DIR TSV STRATEGY"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import parallax_tf as ptf  # noqa: E402
+from models import criteo  # noqa: E402
+
+SCALE, BATCH, STEPS = 1e-4, 4, 3      # BATCH lines per rank and step
+
+
+def main(out_dir, tsv, strategy):
+    import horovod.tensorflow as hvd
+    result = ptf.run(criteo.make_model_fn(SCALE, files=[tsv], batch=BATCH), None, steps=STEPS, strategy=strategy,
+                     log_every=0)
+    if hvd.rank() == 0:
+        np.savez(os.path.join(out_dir, f"{strategy}.npz"), **{f"var:{k}": v for k, v in result.variables.items()})
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
