@@ -49,21 +49,24 @@ def export_saved_model(model_fn: Callable, ckpt_dir: str, export_dir: str) -> st
         inputs = _inputs(outputs)
         restored = _variables_read(graph, outputs)
         _check_checkpoint(checkpoint, restored)
-        saver = tf.compat.v1.train.Saver(var_list=restored, sharded=True) if restored else None
+        saver = tf.compat.v1.train.Saver(var_list=restored, sharded=True)
         init = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer(),
                         name="serving_init")
         staging = f"{target}.staging-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        with tf.compat.v1.Session(graph=graph) as sess:
-            if saver is not None:
+        try:
+            with tf.compat.v1.Session(graph=graph) as sess:
                 saver.restore(sess, checkpoint)
-            builder = tf.compat.v1.saved_model.Builder(staging)
-            signature = tf.compat.v1.saved_model.predict_signature_def(inputs, outputs)
-            builder.add_meta_graph_and_variables(
-                sess, [tf.saved_model.SERVING], strip_default_attrs=True, saver=saver, main_op=init,
-                signature_def_map={tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
-                assets_collection=graph.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))
-            builder.save()
+                builder = tf.compat.v1.saved_model.Builder(staging)
+                signature = tf.compat.v1.saved_model.predict_signature_def(inputs, outputs)
+                builder.add_meta_graph_and_variables(
+                    sess, [tf.saved_model.SERVING], strip_default_attrs=True, saver=saver, main_op=init,
+                    signature_def_map={tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
+                    assets_collection=graph.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))
+                builder.save()
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     if os.path.isdir(target):
         os.rmdir(target)                 # empty (checked above)
     os.rename(staging, target)
@@ -104,7 +107,11 @@ def _inputs(outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
 def _variables_read(graph: tf.Graph, outputs: Dict[str, tf.Tensor]) -> List:
     """The model's global variables the predictions read (local ones start from the init op)."""
     needed = _ancestors(outputs)
-    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if v.op in needed]
+    read = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if v.op in needed]
+    if not read:
+        raise ModelError("the predictions read no variable of the model, so the checkpoint has nothing to give "
+                         "them: pass the tensor the trained model computes (e.g. tf.sigmoid(logits))")
+    return read
 
 
 def _ancestors(outputs: Dict[str, tf.Tensor]) -> set:

@@ -156,6 +156,13 @@ def _without_predictions(ctx):
     return Model(loss=tf.reduce_sum(w), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
 
 
+def _constant_predictions(ctx):
+    x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+    w = tf.compat.v1.get_variable("w", [2, 1])
+    return Model(loss=tf.reduce_sum(tf.matmul(x, w)), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                 predictions=2.0 * x)
+
+
 def _wider(ctx):
     x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
     w = tf.compat.v1.get_variable("w", [3, 1])
@@ -168,6 +175,7 @@ def _wider(ctx):
     (_tf_data_model_fn, "the predictions read tf.data input (IteratorGetNext); a served model takes its inputs "
                         "from placeholders"),
     (_wider, "holds w as [2, 1] but model_fn builds [3, 1]: give the model the sizes"),
+    (_constant_predictions, "the predictions read no variable of the model"),
 ])
 def test_a_model_that_cannot_be_served_says_why(tmp_path, model_fn, message):
     ckpt_dir, _, _ = _small_checkpoint(str(tmp_path))
