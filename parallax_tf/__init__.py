@@ -26,5 +26,5 @@ from parallax_tf.errors import ClusterError, ConfigError, Diverged, InputError, 
 from parallax_tf.model import Model, Result, RunContext  # noqa: E402
 from parallax_tf.plan import Plan, Shard, VariablePlan  # noqa: E402
 
-__all__ = ["run", "fit", "export_saved_model", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan", "ParallaxError",
-           "ModelError", "InputError", "ConfigError", "ClusterError", "Diverged"]
+__all__ = ["run", "fit", "export_saved_model", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan",
+           "ParallaxError", "ModelError", "InputError", "ConfigError", "ClusterError", "Diverged"]
