@@ -26,7 +26,6 @@ Data:
 """
 from __future__ import annotations
 
-import functools
 import zlib
 from typing import Sequence
 
@@ -121,11 +120,6 @@ def make_model_fn(scale: float = DEFAULTS["scale"], learning_rate: float = DEFAU
     return model_fn
 
 
-@functools.lru_cache(maxsize=None)
-def _zipf(rows: int) -> np.ndarray:
-    return data.zipf_cdf(rows, 1.05)
-
-
 def hidden_weight(name: str, ids: np.ndarray, seed: int) -> np.ndarray:
     """The true effect of (feature, id) on the click logit: a hash of both, no table in memory."""
     salt = (zlib.crc32(name.encode()) + 7919 * seed) % 2**32
@@ -149,7 +143,7 @@ def make_input_fn(scale: float = DEFAULTS["scale"], batch: int = DEFAULTS["batch
         logit = CLICK_BIAS + np.log1p(counts) @ dense_weights(seed)
         out = {"dense": counts}
         for name, count in zip(CATEGORICAL, rows):
-            ids = np.minimum(np.searchsorted(_zipf(count), rng.random_sample(batch)), count - 1).astype(np.int64)
+            ids = np.minimum(np.searchsorted(data.zipf_cdf(count, 1.05), rng.random_sample(batch)), count - 1).astype(np.int64)
             logit += hidden_weight(name, ids, seed)
             out[name] = ids
         out["label"] = (rng.random_sample(batch) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)

@@ -11,7 +11,7 @@ def batch_rng(seed: int, rank: int, step: int) -> np.random.RandomState:
     return np.random.RandomState((seed + 1000003 * rank + step) % 2**32)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)     # a model's tables at a time (criteo: 26)
 def zipf_cdf(vocab: int, exponent: float) -> np.ndarray:
     """CDF of a Zipf law over token ids 0..vocab-1 (id 0 the most frequent), as the
     log-uniform candidate sampler of sampled softmax assumes."""

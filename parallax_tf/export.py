@@ -24,6 +24,7 @@ import tensorflow as tf
 from parallax_tf import graph_walk
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ConfigError, ModelError, UserError
+from parallax_tf.inspect_graph import logical_name
 from parallax_tf.model import Model, RunContext
 from parallax_tf.runtime import quiet
 from parallax_tf.training_graph import call_model_fn
@@ -46,8 +47,9 @@ def export_saved_model(model_fn: Callable, ckpt_dir: str, export_dir: str) -> st
     with graph.as_default():
         model = call_model_fn(model_fn, RunContext(serving=True))
         outputs = _outputs(model)
-        inputs = _inputs(outputs)
-        restored = _variables_read(graph, outputs)
+        needed = set().union(*(graph_walk.ancestors(t) for t in outputs.values()))
+        inputs = _inputs(outputs, needed)
+        restored = _variables_read(graph, needed)
         _check_checkpoint(checkpoint, restored)
         saver = tf.compat.v1.train.Saver(var_list=restored, sharded=True)
         init = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer(),
@@ -93,10 +95,10 @@ def _outputs(model: Model) -> Dict[str, tf.Tensor]:
     return {"predictions": model.predictions}
 
 
-def _inputs(outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """The placeholders the predictions need, by name; tf.data input cannot be served."""
+def _inputs(outputs: Dict[str, tf.Tensor], needed: set) -> Dict[str, tf.Tensor]:
+    """The placeholders the predictions (whose ancestors are `needed`) need, by name; tf.data
+    input cannot be served."""
     graph = next(iter(outputs.values())).graph
-    needed = _ancestors(outputs)
     iterators = sorted(op.name for op in needed if op.type in graph_walk.ITERATOR_READ_OPS)
     if iterators:
         raise ModelError(f"the predictions read tf.data input ({iterators[0]}); a served model takes its inputs "
@@ -104,23 +106,14 @@ def _inputs(outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     return {name: graph.get_tensor_by_name(name + ":0") for name in graph_walk.needed_placeholders(*outputs.values())}
 
 
-def _variables_read(graph: tf.Graph, outputs: Dict[str, tf.Tensor]) -> List:
-    """The model's global variables the predictions read (local ones start from the init op)."""
-    needed = _ancestors(outputs)
+def _variables_read(graph: tf.Graph, needed: set) -> List:
+    """The model's global variables among the predictions' ancestors `needed` (local ones start
+    from the init op)."""
     read = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if v.op in needed]
     if not read:
         raise ModelError("the predictions read no variable of the model, so the checkpoint has nothing to give "
                          "them: pass the tensor the trained model computes (e.g. tf.sigmoid(logits))")
     return read
-
-
-def _ancestors(outputs: Dict[str, tf.Tensor]) -> set:
-    return set().union(*(graph_walk.ancestors(t) for t in outputs.values()))
-
-
-def _saved_name(variable) -> str:
-    info = tf_shim.save_slice_info(variable)     # a part of a partitioned variable
-    return info.full_name if info is not None else variable.op.name
 
 
 def _saved_shape(variable) -> List[int]:
@@ -131,12 +124,12 @@ def _saved_shape(variable) -> List[int]:
 def _check_checkpoint(checkpoint: str, variables) -> None:
     """Every variable the predictions read is in the checkpoint, in its shape."""
     held = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
-    missing = sorted({_saved_name(v) for v in variables} - set(held))
+    missing = sorted({logical_name(v) for v in variables} - set(held))
     if missing:
         raise ModelError(f"checkpoint {checkpoint} lacks {missing[:5]}, which the predictions read: it was written "
                          "by another model_fn (or with other flags)")
     for variable in variables:
-        name, shape = _saved_name(variable), _saved_shape(variable)
+        name, shape = logical_name(variable), _saved_shape(variable)
         if list(held[name]) != shape:
             raise ModelError(f"checkpoint {checkpoint} holds {name} as {list(held[name])} but model_fn builds "
                              f"{shape}: give the model the sizes (flags) it was trained with")

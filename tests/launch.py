@@ -38,5 +38,13 @@ def run_ranks(np_: int, argv, launcher: str = "horovodrun", timeout: int = 600, 
                           timeout=timeout, start_new_session=True)
 
 
+def on_emulated_hosts(command, hosts: int = 2, timeout: int = 400, ssh: bool = False, env=None):
+    """`command` run by tools.cluster on `hosts` emulated hosts; returns the CompletedProcess
+    (never hangs)."""
+    return subprocess.run([PYTHON, "-m", "tools.cluster", f"--hosts={hosts}", f"--ssh={ssh}", "--", *command],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+
+
 def tail(proc, lines: int = 60) -> str:
     return "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-lines:])

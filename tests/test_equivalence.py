@@ -98,16 +98,12 @@ ALLTOALL_MACHINE = {"runtime_cpu_s": 0.001, "task_cpu_s": 0.001, "message_overhe
 def test_auto_on_the_alltoall_route_matches_single_device():
     """Two emulated hosts (tools.cluster), strategy auto: the plan puts the table on the alltoall
     route and training equals single-device TF on both ranks' batches."""
-    import subprocess
-    import sys
     out, calibration = tempfile.mkdtemp(), os.path.join(tempfile.mkdtemp(), "calibration.json")
     with open(calibration, "w") as f:
         json.dump(ALLTOALL_MACHINE, f)
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", sys.executable,
-                           "tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}", "--log_every=0",
-                           "--strategy=auto", f"--calibration={calibration}", f"--steps={cases.STEPS}"],
-                          cwd=launch.ROOT, capture_output=True, text=True, timeout=400, start_new_session=True,
-                          env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    proc = launch.on_emulated_hosts([launch.PYTHON, "tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}",
+                                     "--log_every=0", "--strategy=auto", f"--calibration={calibration}",
+                                     f"--steps={cases.STEPS}"])
     assert proc.returncode == 0, launch.tail(proc)
     ranks = [np.load(os.path.join(out, f"mixed_adam.rank{r}.npz")) for r in range(2)]
     assert json.loads(str(ranks[0]["routes"])) == {"emb": "alltoall", "w": "allreduce", "b": "allreduce"}

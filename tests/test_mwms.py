@@ -2,7 +2,6 @@
 hosts, as tools.bench runs it, on tiny forms of the lm and recsys reference models."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -28,9 +27,7 @@ def _train(model: str) -> list:
     out = tempfile.mkdtemp()
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", "--bench_strategy=tf_mwms",
            f"--steps={STEPS}", f"--warmup={WARMUP}", f"--out={out}", "--log_every=0", *_flags(model)]
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", *job], cwd=launch.ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=launch.ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = launch.on_emulated_hosts(job, timeout=300, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["rank0.json", "rank1.json"]           # every rank wrote its figures
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]

@@ -188,14 +188,11 @@ def test_a_killed_server_rank_restarts_the_job_from_its_checkpoint():
 def test_two_hosts_every_push_reaches_every_server_task():
     """Variables spread over two hosts' servers: each push is applied on every task (a task's
     version counts the pushes it applied; a push that reached only PS 0 once went unnoticed)."""
-    import subprocess
-    import sys
     from tools import netns
     out = tempfile.mkdtemp(prefix="ptf-psplus-2h-")
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", "--", sys.executable,
-                           "tests/jobs/train_case.py", "--case=mixed_momentum", f"--out={out}", "--strategy=ps_plus",
-                           f"--steps={ASYNC_STEPS}", "--log_every=0"], cwd=launch.ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    proc = launch.on_emulated_hosts([launch.PYTHON, "tests/jobs/train_case.py", "--case=mixed_momentum",
+                                     f"--out={out}", "--strategy=ps_plus", f"--steps={ASYNC_STEPS}", "--log_every=0"],
+                                    timeout=300)
     assert proc.returncode == 0, launch.tail(proc)
     ranks = [np.load(os.path.join(out, f"mixed_momentum.rank{r}.npz"), allow_pickle=True) for r in range(2)]
     extras = ast.literal_eval(str(ranks[0]["extras"]))

@@ -98,11 +98,7 @@ def test_restarts_need_checkpoints():
 
 
 def _on_two_hosts(argv, timeout=400, ssh=False):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-m", "tools.cluster", "--hosts=2", f"--ssh={ssh}", "--", sys.executable,
-                           "tests/jobs/train_case.py", *argv], cwd=launch.ROOT, capture_output=True, text=True,
-                          timeout=timeout, start_new_session=True, env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    return launch.on_emulated_hosts([launch.PYTHON, "tests/jobs/train_case.py", *argv], timeout=timeout, ssh=ssh)
 
 
 def test_a_lost_host_is_left_out_and_the_job_goes_on_with_fewer_ranks():
