@@ -57,3 +57,15 @@ def test_every_run_and_the_process_exit_within_bounds():
     # in the last run rank 1 stayed until rank 0, held in its session's close, had reset
     assert times[(1, RUNS - 1)] >= 1.0, times
     print(f"{RUNS} runs at 2 ranks in {took:.0f}s; longest teardown {max(times.values()):.2f}s")
+
+
+def test_the_exit_skips_collecting_what_tensorflows_import_made():
+    """After the process's own atexit handlers, the objects alive are frozen, so the interpreter's
+    exit frees them by reference count instead of collecting them (0.7 s per rank otherwise)."""
+    probe = ("import atexit, gc\n"
+             "atexit.register(lambda: print('at exit:', gc.isenabled(), gc.get_freeze_count() > 100000))\n"
+             "import parallax_tf\n")
+    proc = subprocess.run([launch.PYTHON, "-c", probe], cwd=launch.ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=launch.ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "at exit: False True", proc.stdout
