@@ -46,10 +46,27 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
     else:
         status = cluster.run(job, hosts, ranks_per_host, bandwidth, delay, timeout_s=timeout_s,
                              host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts)
+    return _read(out, status, 1 if strategy == "single" else hosts * ranks_per_host)
+
+
+def run_in_one_job(runs, hosts: int, bandwidth: str, steps: int, warmup: int, timeout_s: int = 1200) -> list:
+    """Each of `runs` ((strategy, model, flags) of parallax_tf strategies) one after another in
+    the same ranks on `hosts` emulated hosts (one rank each): one start-up of the job for all of
+    them. Returns their summaries (run_strategy's), in order; the flags hold for their run only."""
+    out = tempfile.mkdtemp(prefix="bench-runs-")
+    configs = [{"strategy": strategy, "model": model, "flags": list(given)} for strategy, model, given in runs]
+    job = [sys.executable, "-m", "tools.bench_job", f"--bench_runs={json.dumps(configs)}", f"--steps={steps}",
+           f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + model_flags()
+    status = cluster.run(job, hosts, 1, bandwidth, "0ms", timeout_s=timeout_s, host_cpus=FLAGS.host_cpus,
+                         slow_hosts=FLAGS.slow_hosts)
+    return [_read(os.path.join(out, str(i)), status, hosts) for i in range(len(runs))]
+
+
+def _read(out: str, status: int, expected: int) -> dict:
+    """The summary of the per-rank records a run left in `out`, or its error."""
     if status != 0:
         return {"error": f"exit status {status}"}
-    ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
-    expected = 1 if strategy == "single" else hosts * ranks_per_host     # single: one process, no cluster
+    ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))] if os.path.isdir(out) else []
     if len(ranks) != expected:       # e.g. its ranks killed from outside, the launcher still 0
         return {"error": f"exit status 0 but {len(ranks)} of {expected} ranks wrote their figures"}
     return summarise(ranks)

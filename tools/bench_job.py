@@ -10,10 +10,12 @@ from absl import app, flags
 
 import parallax_tf as ptf
 from tools import baselines, link_counters
-from tools.shared import model_and_input
+from tools.shared import model_and_input, model_sizes
 
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
 flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")
+flags.DEFINE_string("bench_runs", None, "A JSON list of runs made one after another in this job, each "
+                    "{strategy, model, flags}: run i's figures go to --out/i/ (tools.bench.run_in_one_job).")
 FLAGS = flags.FLAGS
 
 
@@ -53,6 +55,15 @@ DIVERGED_EXIT = 3
 
 
 def main(argv):
+    if FLAGS.bench_runs:
+        for i, run in enumerate(json.loads(FLAGS.bench_runs)):
+            with model_sizes(run["flags"]):
+                FLAGS.model, FLAGS.bench_strategy = run["model"], run["strategy"]
+                record = train_and_measure()
+            os.makedirs(os.path.join(FLAGS.out, str(i)), exist_ok=True)
+            with open(os.path.join(FLAGS.out, str(i), f"rank{record['rank']}.json"), "w") as f:
+                json.dump(record, f)
+        return
     try:
         record = train_and_measure()
     except ptf.Diverged as err:       # a result too: tools.straggler reports it

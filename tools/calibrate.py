@@ -2,7 +2,7 @@
 reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
 ~/.cache/parallax_tf/calibration.json).
 
-    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each, ~18 minutes
+    python -m tools.calibrate      # lm and cnn on 2 and 8 emulated hosts, twice each: one job per host count
 
   rpc_overhead_s       wall time of one round trip to a parameter server: a worker session
                        reading a 4-byte variable on a PS task in another process, 300 times
@@ -31,8 +31,9 @@ serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce b
 replica x (bytes of its dense replicas). Nine runs give 48 equations in eight terms (8 and 2
 hosts): the least-squares fit with every term >= 0, each run weighing the same; each rank's
 fitted figure is printed and kept beside its measured one. Every run is made --cal_repeats
-times and its mean CPU taken (runs of one plan differ by 10-20% here). --cal_refit fits the
-runs a file holds again, measuring nothing.
+times and its mean CPU taken (runs of one plan differ by 10-20% here); the runs of one host
+count are made one after another in the same ranks (one start-up). --cal_refit fits the runs a
+file holds again, measuring nothing.
 These are separate runs from the ones tools.validate and tools.bench --sweep check the model on."""
 from __future__ import annotations
 
@@ -180,38 +181,42 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     if any(v.gradient == "sparse" for v in captured[dense_model].variables):
         raise SystemExit(f"tools.calibrate: --cal_dense_model={dense_model} has sparse gradients; name a model "
                          "whose gradients are all dense (cnn)")
+    wanted = [("hybrid_1", "hybrid", hosts, 1, model), (f"hybrid_{hosts}", "hybrid", hosts, hosts, model),
+              (f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts, 1, model),
+              ("allreduce", "allreduce", hosts, 1, model),
+              (f"allreduce_on_{few_hosts}", "allreduce", few_hosts, 1, model),
+              (f"allreduce_{dense_model}", "allreduce", hosts, 1, dense_model),
+              (f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, 1, dense_model)]
+    if small_dense:
+        wanted += [(f"allreduce_{dense_model}_small", "allreduce", hosts, 1, f"{dense_model}_small"),
+                   (f"allreduce_{dense_model}_small_on_{few_hosts}", "allreduce", few_hosts, 1, f"{dense_model}_small")]
+    got = {name: [] for name, *_ in wanted}
+    if measured is None:
+        # the runs of one host count in one job, made `repeats` times over (a run's CPU is the
+        # steady steps' of its own ptf.run: the job's start-up is in none of them)
+        for on_hosts in (hosts, few_hosts):
+            mine = [w for w in wanted if w[2] == on_hosts] * repeats
+            summaries = bench.run_in_one_job(
+                [(strategy, models[of][0], list(models[of][1]) + ([f"--partitions={shards}"] * (strategy == "hybrid")))
+                 for _, strategy, _, shards, of in mine], on_hosts, bandwidth, steps, warmup)
+            for (name, strategy, _, _, of), one in zip(mine, summaries):
+                if "error" in one:
+                    raise SystemExit(f"tools.calibrate: {strategy} of {of} on {on_hosts} hosts ({name}) failed: "
+                                     f"{one['error']}")
+                got[name].append(one)
     runs = {}
-
-    def run(name: str, strategy: str, on_hosts: int, shards: int = 1, of: str = model) -> None:
+    for name, strategy, on_hosts, shards, of in wanted:
         loads = costmodel.loads_from(captured[of])
         plan = make_plan(PlanRequest(captured[of], strategy, on_hosts, on_hosts, partitions=shards))
         choices = {v.name: costmodel.Choice(v.route, max(1, v.partitions)) for v in plan.variables}
         terms = costmodel.host_cpu_terms(loads, choices, costmodel.Cluster(on_hosts))
         if measured is not None:
             runs[name] = {**measured[name], "terms_by_rank": terms}
-            return
-        got = []
-        for _ in range(repeats):
-            one = bench.run_strategy(strategy, on_hosts, 1, bandwidth, "0ms", models[of][0], steps, warmup,
-                                     extra_flags=list(models[of][1]) + ([f"--partitions={shards}"]
-                                                                    if strategy == "hybrid" else []))
-            if "error" in one:
-                raise SystemExit(f"tools.calibrate: {strategy} of {of} on {on_hosts} hosts ({name}) failed: "
-                                 f"{one['error']}")
-            got.append(one)
+            continue
         # one rank per host: rank r is host r's first rank
         runs[name] = {"model": models[of][0], "model_flags": list(models[of][1]), "hosts": on_hosts,
                       "partitions": shards, "compute_s": captured[of].compute_s, "terms_by_rank": terms,
-                      **mean_of_repeats(got)}
-
-    run("hybrid_1", "hybrid", hosts), run(f"hybrid_{hosts}", "hybrid", hosts, hosts)
-    run(f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts)
-    run("allreduce", "allreduce", hosts), run(f"allreduce_on_{few_hosts}", "allreduce", few_hosts)
-    run(f"allreduce_{dense_model}", "allreduce", hosts, of=dense_model)
-    run(f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, of=dense_model)
-    if small_dense:
-        run(f"allreduce_{dense_model}_small", "allreduce", hosts, of=f"{dense_model}_small")
-        run(f"allreduce_{dense_model}_small_on_{few_hosts}", "allreduce", few_hosts, of=f"{dense_model}_small")
+                      **mean_of_repeats(got[name])}
 
     # one equation per rank (module doc), many more than terms: least squares
     equations = [([terms[k] for k in TERMS], cpu - r["compute_s"])
