@@ -221,7 +221,7 @@ def test_a_model_captured_at_other_sizes_leaves_the_flags_as_they_were():
     assert len(fc) == 1, [v.shape for v in small.variables]      # the head: 8 units -> 10 classes
     assert (list(flags.FLAGS.cnn_fc_units), flags.FLAGS["cnn_fc_units"].present) == given
     assert flags.FLAGS.cnn_conv_channels == ["16", "32"]
-    with pytest.raises(SystemExit, match="give a model flag as --name=value"):
+    with pytest.raises(SystemExit, match="give a flag as --name=value"):
         shared.capture_model("cnn", ["--cnn_fc_width=8"])
     with pytest.raises(SystemExit, match="--cnn_batch=x: "):
         shared.capture_model("cnn", ["--cnn_batch=x"])

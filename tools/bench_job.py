@@ -10,7 +10,7 @@ from absl import app, flags
 
 import parallax_tf as ptf
 from tools import baselines, link_counters
-from tools.shared import model_and_input, model_sizes
+from tools.shared import model_and_input, flags_as_given
 
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
 flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")
@@ -57,7 +57,7 @@ DIVERGED_EXIT = 3
 def main(argv):
     if FLAGS.bench_runs:
         for i, run in enumerate(json.loads(FLAGS.bench_runs)):
-            with model_sizes(run["flags"]):
+            with flags_as_given(run["flags"]):
                 FLAGS.model, FLAGS.bench_strategy = run["model"], run["strategy"]
                 record = train_and_measure()
             os.makedirs(os.path.join(FLAGS.out, str(i)), exist_ok=True)

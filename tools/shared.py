@@ -27,15 +27,15 @@ def model_and_input(name: str):
 
 
 @contextlib.contextmanager
-def model_sizes(model_flags: Sequence[str]):
-    """Inside the block, the reference models' flags as `model_flags` give them
-    (["--cnn_fc_units=256,256"]); after it, as they were (so the flags a tool passes on to its
-    jobs stay the user's)."""
+def flags_as_given(given_flags: Sequence[str]):
+    """Inside the block, the flags as `given_flags` give them (["--cnn_fc_units=256,256"]); after
+    it, as they were (so the flags a tool passes on to its jobs stay the user's, and each run of
+    a job of several has its own)."""
     parsed = []
-    for given in model_flags:
+    for given in given_flags:
         name, _, value = given.lstrip("-").partition("=")
         if name not in FLAGS or not value:
-            raise SystemExit(f"{given!r}: give a model flag as --name=value (e.g. --cnn_fc_units=256,256)")
+            raise SystemExit(f"{given!r}: give a flag as --name=value (e.g. --cnn_fc_units=256,256)")
         parsed.append((name, value))
     saved = {name: (FLAGS[name].value, FLAGS[name].present) for name, _ in parsed}
     try:
@@ -56,6 +56,6 @@ def capture_model(name: str, model_flags: Sequence[str] = (), for_strategy: Opti
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import measurements
-    with model_sizes(model_flags):
+    with flags_as_given(model_flags):
         return capture(*model_and_input(name), RunContext(), FLAGS.seed,
                        **(measurements(for_strategy) if for_strategy else {}))

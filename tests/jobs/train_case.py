@@ -27,6 +27,8 @@ flags.DEFINE_integer("die_writing_checkpoint", -1, "rank 0 is killed (SIGKILL, o
 flags.DEFINE_string("lose_host", None, "every rank on this host (HOROVOD_HOSTNAME) kills itself at --lose_host_at_step, "
                     "once, and marks the host lost (--out/lost-HOST) for tests/jobs/discover_hosts.py")
 flags.DEFINE_integer("lose_host_at_step", -1, "the step at which --lose_host is lost")
+flags.DEFINE_string("runs", None, "a JSON list of runs made one after another in this job, each a list of this "
+                    "script's flags (--case, --out, parallax_tf's: --strategy, --ckpt_dir, ...) that hold for it alone")
 flags.DEFINE_bool("die_once", False, "--die_at_step kills only if --out has no died_at stamp yet (a restarted job "
                   "goes on)")
 FLAGS = flags.FLAGS
@@ -73,6 +75,15 @@ def _die_in_checkpoint(step: int, stamp: str) -> None:
 
 
 def main(argv):
+    if not FLAGS.runs:
+        return train()
+    from tools.shared import flags_as_given
+    for given in json.loads(FLAGS.runs):
+        with flags_as_given(given):
+            train()
+
+
+def train():
     _, model, optimizer, extra = cases.CASE_BY_NAME[FLAGS.case]
     inner = cases.input_fn_for(model)
     stamp = os.path.join(FLAGS.out or ".", "died_at")
