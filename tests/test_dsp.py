@@ -3,6 +3,7 @@ single-process reference of the tick rule (below, plain TF); K = 1 is ordinary t
 planner balances measured compute; bad configurations get one message; a lost stage is named;
 a checkpoint is taken with the pipeline drained and a resumed run continues exactly."""
 import functools
+import json
 import os
 import re
 import tempfile
@@ -22,12 +23,46 @@ from tests import dsp_models, launch, reference as ref_lib
 NAMES = ["mlp_sgd", "mlp_momentum", "cnn_momentum", "keras_mlp"]
 
 
+CUTS = "--dsp_cuts=concat:0,hidden2/Tanh:0"     # the checkpoint tests' (the measured balance may vary)
+# the runs that share one job per rank count: ranks -> {run: (names, flags, steps)}
+SHARED = {
+    2: {"stages": (NAMES, (), dsp_models.BATCHES)},
+    3: {"stages": (NAMES, (), dsp_models.BATCHES),
+        "locked": (("mlp_momentum", "cnn_momentum"), ("--dsp_schedule=locked",), dsp_models.BATCHES),
+        "scaled": (("mlp_momentum",), ("--dsp_grad_scale=0.5",), dsp_models.BATCHES),
+        "drained": (("mlp_sgd",), ("--ckpt_dir={ckpt}", "--ckpt_every=4", CUTS), 8),
+        "whole": (("mlp_sgd",), ("--ckpt_dir={fresh}", "--ckpt_every=4", CUTS), 12)},
+    4: {"stages": (NAMES, (), dsp_models.BATCHES),
+        "pipelines": (("mlp_sgd", "mlp_momentum"), ("--stages=2", "--dsp_replicas=2"), dsp_models.BATCHES)},
+}
+
+
 @functools.lru_cache(maxsize=None)
+def checkpoint_dir() -> str:
+    """The drained run's checkpoints, which the resumed run continues from."""
+    return tempfile.mkdtemp(prefix="ptf-dsp-ckpt-")
+
+
+@functools.lru_cache(maxsize=None)
+def shared_job(ranks: int) -> dict:
+    """Runs every run of SHARED[ranks] in one job of `ranks` ranks; returns run -> its output dir."""
+    outs = {run: tempfile.mkdtemp(prefix=f"ptf-dsp-{ranks}-{run}-") for run in SHARED[ranks]}
+    return _job(ranks, {run: (outs[run], *spec) for run, spec in SHARED[ranks].items()})
+
+
 def run_job(ranks: int, names: tuple, *flags: str, steps: int = dsp_models.BATCHES) -> str:
+    """A job of its own for one run; returns its output dir."""
     out = tempfile.mkdtemp(prefix=f"ptf-dsp-{ranks}-")
-    proc = launch.run_ranks(ranks, ["tests/jobs/dsp_job.py", out, *names, *flags], env={"DSP_JOB_STEPS": str(steps)})
+    return _job(ranks, {"run": (out, names, flags, steps)})["run"]
+
+
+def _job(ranks: int, runs: dict) -> dict:
+    given = [{"out": out, "names": list(names), "steps": steps,
+              "flags": [f.format(ckpt=checkpoint_dir(), fresh=tempfile.mkdtemp()) for f in flags]}
+             for out, names, flags, steps in runs.values()]
+    proc = launch.run_ranks(ranks, ["tests/jobs/dsp_job.py", f"--runs={json.dumps(given)}"])
     assert proc.returncode == 0, f"dsp job failed:\n{launch.tail(proc)}"
-    return out
+    return {run: spec[0] for run, spec in runs.items()}
 
 
 def results(out: str, name: str, ranks: int):
@@ -144,7 +179,7 @@ def check_against_reference(out: str, name: str, ranks: int, steps: int = dsp_mo
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("name", NAMES)
 def test_stages_end_where_the_reference_does(stages, name):
-    out = run_job(stages, tuple(NAMES))
+    out = shared_job(stages)["stages"]
     got, want = check_against_reference(out, name, stages)
     # staleness matters: the result differs from plain synchronous training on the same batches
     plain, _ = reference(name, dataclass_single_stage(Plan.from_json(str(got[0]["plan"]))))
@@ -179,12 +214,12 @@ def test_one_stage_is_ordinary_training():
 
 @pytest.mark.parametrize("name", ["mlp_sgd", "mlp_momentum"])
 def test_two_pipelines_average_each_stages_gradients(name):
-    out = run_job(4, ("mlp_sgd", "mlp_momentum"), "--stages=2", "--dsp_replicas=2")
+    out = shared_job(4)["pipelines"]
     check_against_reference(out, name, 4)
 
 
 def test_locked_schedule_is_plain_backprop():
-    out = run_job(3, ("mlp_momentum", "cnn_momentum"), "--dsp_schedule=locked")
+    out = shared_job(3)["locked"]
     for name in ("mlp_momentum", "cnn_momentum"):
         got = results(out, name, 3)
         want, losses = reference(name, dataclass_single_stage(Plan.from_json(str(got[0]["plan"]))))
@@ -194,16 +229,13 @@ def test_locked_schedule_is_plain_backprop():
 
 
 def test_gradient_scale_on_stale_stages():
-    out = run_job(3, ("mlp_momentum",), "--dsp_grad_scale=0.5")
+    out = shared_job(3)["scaled"]
     check_against_reference(out, "mlp_momentum", 3)
 
 
 def test_a_checkpoint_drains_the_pipeline_and_resume_continues_exactly():
-    ckpt = tempfile.mkdtemp(prefix="ptf-dsp-ckpt-")
-    cuts = "--dsp_cuts=concat:0,hidden2/Tanh:0"     # the measured balance may differ between runs
-    first = run_job(3, ("mlp_sgd",), f"--ckpt_dir={ckpt}", "--ckpt_every=4", cuts, steps=8)
-    resumed = run_job(3, ("mlp_sgd",), f"--ckpt_dir={ckpt}", "--ckpt_every=4", cuts, steps=12)
-    whole = run_job(3, ("mlp_sgd",), "--ckpt_every=4", f"--ckpt_dir={tempfile.mkdtemp()}", cuts, steps=12)
+    first, whole = shared_job(3)["drained"], shared_job(3)["whole"]
+    resumed = run_job(3, ("mlp_sgd",), f"--ckpt_dir={checkpoint_dir()}", "--ckpt_every=4", CUTS, steps=12)
     assert int(results(resumed, "mlp_sgd", 3)[0]["start_step"]) == 8
     assert int(results(first, "mlp_sgd", 3)[0]["global_step"]) == 8
     got, _ = check_against_reference(whole, "mlp_sgd", 3, steps=12, segment=4)

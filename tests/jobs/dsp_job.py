@@ -2,8 +2,11 @@
 rank got into OUT/<name>.rank<r>.npz (variables, losses, global step, the plan).
 
 usage: dsp_job.py OUT NAME [NAME ...] [--parallax_tf flags] [--die=RANK:BATCH]
+       dsp_job.py --runs=JSON      runs one after another: [{"out", "names", "flags", "steps"}, ...],
+                                   each run's flags holding for it alone
 --die=RANK:BATCH: rank RANK kills itself (SIGKILL) once stage 0 has read batch BATCH, once (a
 restarted job goes on: OUT/died says it happened)."""
+import json
 import os
 import sys
 import threading
@@ -27,11 +30,11 @@ def _die_later(stamp: str, died: str) -> None:
     os.kill(os.getpid(), 9)
 
 
-def main(out, names, die):
+def main(out, names, die, steps=None):
     stamp, died = os.path.join(out, "stamp"), os.path.join(out, "died")
     if die and _rank() == die[0] and not os.path.exists(died):
         threading.Thread(target=_die_later, args=(stamp, died), daemon=True).start()
-    steps = int(os.environ.get("DSP_JOB_STEPS", dsp_models.BATCHES))
+    steps = steps or int(os.environ.get("DSP_JOB_STEPS", dsp_models.BATCHES))
     for name in names:
         model_fn, inner, _ = dsp_models.MODELS[name]
 
@@ -45,7 +48,20 @@ def main(out, names, die):
                  **{f"var:{k}": v for k, v in result.variables.items()})
 
 
+def main_of_runs(runs: list) -> None:
+    from parallax_tf import flags as ptf_flags
+    from tools.shared import flags_as_given
+    ptf_flags.resolve()        # the command line's flags parsed; each run's then set over them
+    for run in runs:
+        with flags_as_given(run["flags"]):
+            main(run["out"], run["names"], None, run["steps"])
+
+
 if __name__ == "__main__":
+    if sys.argv[1].startswith("--runs="):
+        runs, sys.argv = json.loads(sys.argv[1].split("=", 1)[1]), sys.argv[:1] + sys.argv[2:]
+        main_of_runs(runs)
+        sys.exit(0)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     dies = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--die=")]
     sys.argv = [sys.argv[0]] + [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith("--die=")]
