@@ -38,8 +38,8 @@ def _dirs(name):
 
 
 def _job(size, runs):
-    given = [[f"--case={case}", f"--out={_dirs(name)[0]}", f"--ckpt_dir={_dirs(name)[1]}", "--log_every=0", *flags]
-             for name, case, flags in runs]
+    given = [{"flags": [f"--case={case}", f"--out={_dirs(name)[0]}", f"--ckpt_dir={_dirs(name)[1]}", "--log_every=0",
+                        *flags]} for name, case, flags in runs]
     proc = launch.run_ranks(size, ["tests/jobs/train_case.py", f"--runs={json.dumps(given)}"])
     assert proc.returncode == 0, launch.tail(proc)
 

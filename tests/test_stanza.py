@@ -27,15 +27,32 @@ CASES = [c[0] for c in cases.STANZA_CASES]
 MICRO_CASES = [c for c in CASES if cases.CASE_BY_NAME[c][1] not in cases.PER_RANK_BATCH_STATISTICS]
 
 
-@functools.lru_cache(maxsize=None)
+# (ranks, fc nodes, micro-batches, staggered sends) of each run; the runs of one rank count
+# share a job (tests/jobs/several_runs.py), the shard-list model's run among the 3-rank ones
+RUNS = [(3, 1, 1, False), (3, 1, 3, False), (2, 1, 1, False), (5, 2, 1, False), (5, 2, 1, True)]
+SHARDS_RUN = "cnn_shards"
+
+
 def run_cases(size: int, fc_nodes: int, microbatches: int = 1, staggered: bool = False) -> str:
-    out = tempfile.mkdtemp(prefix=f"ptf-stanza-{size}-{fc_nodes}-{microbatches}-{int(staggered)}-")
-    names = CASES if microbatches == 1 else MICRO_CASES
-    proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", out, "stanza", *names, f"--fc_nodes={fc_nodes}",
-                                   f"--stanza_microbatches={microbatches}",
-                                   f"--stanza_sends={'staggered' if staggered else 'together'}"])
+    """The output dir of the run (size, fc_nodes, microbatches, staggered), made in its rank count's job."""
+    return _job(size)[(size, fc_nodes, microbatches, staggered)]
+
+
+@functools.lru_cache(maxsize=None)
+def _job(size: int) -> dict:
+    outs, given = {}, []
+    for run in [r for r in RUNS if r[0] == size]:
+        _, fc_nodes, microbatches, staggered = run
+        outs[run] = tempfile.mkdtemp(prefix=f"ptf-stanza-{size}-{fc_nodes}-{microbatches}-{int(staggered)}-")
+        given.append({"out": outs[run], "strategy": "stanza", "names": CASES if microbatches == 1 else MICRO_CASES,
+                      "flags": [f"--fc_nodes={fc_nodes}", f"--stanza_microbatches={microbatches}",
+                                f"--stanza_sends={'staggered' if staggered else 'together'}"]})
+    if size == 3:
+        outs[SHARDS_RUN] = tempfile.mkdtemp(prefix="ptf-stanza-shards-")
+        given.append({"out": outs[SHARDS_RUN], "strategy": "stanza", "names": [SHARDS_RUN], "flags": ["--fc_nodes=1"]})
+    proc = launch.run_ranks(size, ["tests/jobs/equivalence_job.py", f"--runs={json.dumps(given)}"])
     assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
-    return out
+    return outs
 
 
 def check(out: str, name: str, size: int, conv_nodes: int) -> None:
@@ -108,10 +125,7 @@ def test_micro_batches_with_metrics_are_refused():
 def test_an_input_fn_over_a_shard_list_is_called_on_conv_nodes_only():
     """input_fn = lambda ctx: SHARDS[ctx.rank] with two shards at --np 3: the FC node (rank 2)
     never calls it, inspection included."""
-    out = tempfile.mkdtemp(prefix="ptf-stanza-shards-")
-    proc = launch.run_ranks(3, ["tests/jobs/equivalence_job.py", out, "stanza", "cnn_shards", "--fc_nodes=1"])
-    assert proc.returncode == 0, f"stanza job failed:\n{launch.tail(proc)}"
-    check(out, "cnn_shards", 3, conv_nodes=2)
+    check(_job(3)[SHARDS_RUN], "cnn_shards", 3, conv_nodes=2)
 
 
 def _plan(model_fn, input_fn, ranks=3, **stanza):

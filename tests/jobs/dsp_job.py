@@ -2,11 +2,10 @@
 rank got into OUT/<name>.rank<r>.npz (variables, losses, global step, the plan).
 
 usage: dsp_job.py OUT NAME [NAME ...] [--parallax_tf flags] [--die=RANK:BATCH]
-       dsp_job.py --runs=JSON      runs one after another: [{"out", "names", "flags", "steps"}, ...],
-                                   each run's flags holding for it alone
+       dsp_job.py --runs=JSON      runs one after another (tests/jobs/several_runs.py), each
+                                   {"out", "names", "flags", "steps"}
 --die=RANK:BATCH: rank RANK kills itself (SIGKILL) once stage 0 has read batch BATCH, once (a
 restarted job goes on: OUT/died says it happened)."""
-import json
 import os
 import sys
 import threading
@@ -17,6 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 from tests import dsp_models  # noqa: E402
+from tests.jobs import several_runs  # noqa: E402
 
 
 def _rank() -> int:
@@ -48,19 +48,11 @@ def main(out, names, die, steps=None):
                  **{f"var:{k}": v for k, v in result.variables.items()})
 
 
-def main_of_runs(runs: list) -> None:
-    from parallax_tf import flags as ptf_flags
-    from tools.shared import flags_as_given
-    ptf_flags.resolve()        # the command line's flags parsed; each run's then set over them
-    for run in runs:
-        with flags_as_given(run["flags"]):
-            main(run["out"], run["names"], None, run["steps"])
-
-
 if __name__ == "__main__":
-    if sys.argv[1].startswith("--runs="):
-        runs, sys.argv = json.loads(sys.argv[1].split("=", 1)[1]), sys.argv[:1] + sys.argv[2:]
-        main_of_runs(runs)
+    runs, sys.argv = several_runs.take(sys.argv)
+    if runs:
+        for run in several_runs.each(runs):
+            main(run["out"], run["names"], None, run["steps"])
         sys.exit(0)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     dies = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--die=")]

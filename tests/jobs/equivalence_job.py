@@ -1,6 +1,8 @@
 """Runs on every rank: trains each named case with parallax_tf and saves what this rank got.
 
-usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...] [--flag=value ...]  (parallax_tf flags)"""
+usage: equivalence_job.py OUT_DIR STRATEGY CASE [CASE ...] [--flag=value ...]  (parallax_tf flags)
+       equivalence_job.py --runs=JSON   runs one after another (tests/jobs/several_runs.py), each
+                                        {"out", "strategy", "names", "flags"}"""
 import json
 import os
 import sys
@@ -10,6 +12,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 from tests import cases  # noqa: E402
+from tests.jobs import several_runs  # noqa: E402
 
 
 def main(out_dir, strategy, names):
@@ -27,4 +30,8 @@ def main(out_dir, strategy, names):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], [a for a in sys.argv[3:] if not a.startswith("--")])
+    runs, sys.argv = several_runs.take(sys.argv)
+    for run in several_runs.each(runs) if runs else ():
+        main(run["out"], run["strategy"], run["names"])
+    if not runs:
+        main(sys.argv[1], sys.argv[2], [a for a in sys.argv[3:] if not a.startswith("--")])

@@ -12,6 +12,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 from tests import cases  # noqa: E402
+from tests.jobs import several_runs  # noqa: E402
 
 flags.DEFINE_string("case", "mixed_sgd", "a name from tests/cases.py CASES")
 flags.DEFINE_string("out", None, "directory for the per-rank results")
@@ -27,8 +28,8 @@ flags.DEFINE_integer("die_writing_checkpoint", -1, "rank 0 is killed (SIGKILL, o
 flags.DEFINE_string("lose_host", None, "every rank on this host (HOROVOD_HOSTNAME) kills itself at --lose_host_at_step, "
                     "once, and marks the host lost (--out/lost-HOST) for tests/jobs/discover_hosts.py")
 flags.DEFINE_integer("lose_host_at_step", -1, "the step at which --lose_host is lost")
-flags.DEFINE_string("runs", None, "a JSON list of runs made one after another in this job, each a list of this "
-                    "script's flags (--case, --out, parallax_tf's: --strategy, --ckpt_dir, ...) that hold for it alone")
+flags.DEFINE_string("runs", None, "runs made one after another in this job (tests/jobs/several_runs.py), each "
+                    "{\"flags\": [this script's and parallax_tf's: --case, --out, --strategy, --ckpt_dir, ...]}")
 flags.DEFINE_bool("die_once", False, "--die_at_step kills only if --out has no died_at stamp yet (a restarted job "
                   "goes on)")
 FLAGS = flags.FLAGS
@@ -77,10 +78,8 @@ def _die_in_checkpoint(step: int, stamp: str) -> None:
 def main(argv):
     if not FLAGS.runs:
         return train()
-    from tools.shared import flags_as_given
-    for given in json.loads(FLAGS.runs):
-        with flags_as_given(given):
-            train()
+    for _ in several_runs.each(json.loads(FLAGS.runs)):
+        train()
 
 
 def train():
