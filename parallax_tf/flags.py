@@ -102,7 +102,8 @@ class ProcessOptions:
     """Each rank's servers, thread pools and logs."""
     port: Optional[int] = option(
         None, "port",
-        "First port to try for the TF servers (default: any free port).", kind="int")
+        "First port to try for the TF servers (default: a free port below the range the OS gives "
+        "outgoing connections).", kind="int")
     bind_address: Optional[str] = option(
         None, "bind_address",
         "Address the TF servers bind to (default: loopback when all ranks are on one host, else the host's "

@@ -6,6 +6,7 @@ A rank killed mid-run: without server state the others finish; with it the job s
 import ast
 import collections
 import functools
+import json
 import os
 import re
 import tempfile
@@ -22,13 +23,21 @@ ONE_RANK_CASES = ("mixed_sgd", "mixed_momentum", "mixed_adagrad", "mixed_adam", 
 ASYNC_STEPS = 120     # enough that a rank starting a second late still gets steps
 
 
-@functools.lru_cache(maxsize=None)
 def one_rank_output() -> str:
-    out = tempfile.mkdtemp(prefix="ptf-psplus-1-")
-    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", out, "ps_plus", *ONE_RANK_CASES, "--max_staleness=0"],
-                            launcher="python")
+    return _one_rank_runs()["lazy"]
+
+
+@functools.lru_cache(maxsize=None)
+def _one_rank_runs() -> dict:
+    """The one-rank runs, sparse variables pulled by their rows (lazy) and whole (eager), in one
+    job (tests/jobs/several_runs.py)."""
+    outs = {pull: tempfile.mkdtemp(prefix=f"ptf-psplus-1-{pull}-") for pull in ("lazy", "eager")}
+    given = [{"out": outs["lazy"], "strategy": "ps_plus", "names": list(ONE_RANK_CASES), "flags": ["--max_staleness=0"]},
+             {"out": outs["eager"], "strategy": "ps_plus", "names": list(EAGER_SPARSE_CASES),
+              "flags": ["--max_staleness=0", "--ps_plus_sparse_pull=eager"]}]
+    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", f"--runs={json.dumps(given)}"], launcher="python")
     assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
-    return out
+    return outs
 
 
 @pytest.mark.parametrize("name", ONE_RANK_CASES)
@@ -39,13 +48,8 @@ def test_one_rank_is_single_device_training(name):
 EAGER_SPARSE_CASES = ("sparse_only", "mixed_adagrad", "mixed_adam")
 
 
-@functools.lru_cache(maxsize=None)
 def eager_sparse_output() -> str:
-    out = tempfile.mkdtemp(prefix="ptf-psplus-eager-")
-    proc = launch.run_ranks(1, ["tests/jobs/equivalence_job.py", out, "ps_plus", *EAGER_SPARSE_CASES,
-                                "--max_staleness=0", "--ps_plus_sparse_pull=eager"], launcher="python")
-    assert proc.returncode == 0, f"ps_plus job failed:\n{launch.tail(proc)}"
-    return out
+    return _one_rank_runs()["eager"]
 
 
 @pytest.mark.parametrize("name", EAGER_SPARSE_CASES)

@@ -3,6 +3,7 @@ training; a partial selection equals a single-process reference of the algorithm
 (gradients from plain TF, the rest in NumPy, core and explored sets from the toolkit's op, which
 tests/test_ops.py checks against NumPy); bytes follow the selected counts; checkpoints resume."""
 import functools
+import json
 import os
 import tempfile
 
@@ -42,13 +43,28 @@ def _partial_flags(error_feedback: bool):
             f"--slim_lambda={PARTIAL['lambda']}", f"--slim_error_feedback={str(error_feedback).lower()}"]
 
 
-@functools.lru_cache(maxsize=None)
 def partial_output(error_feedback: bool) -> str:
-    out = tempfile.mkdtemp(prefix="ptf-slim-partial-")
-    proc = launch.run_ranks(2, ["tests/jobs/train_case.py", "--case=dense_only", f"--out={out}", "--strategy=slim_dp",
-                                f"--steps={PARTIAL_STEPS}", "--log_every=0", *_partial_flags(error_feedback)])
+    return _two_rank_runs()[f"partial_{error_feedback}"]
+
+
+@functools.lru_cache(maxsize=None)
+def checkpoint_dir() -> str:
+    return tempfile.mkdtemp(prefix="ptf-slim-ckpt-")
+
+
+@functools.lru_cache(maxsize=None)
+def _two_rank_runs() -> dict:
+    """The partial selections' runs and the interrupted run, in one 2-rank job (tests/jobs/several_runs.py)."""
+    outs = {name: tempfile.mkdtemp(prefix=f"ptf-slim-{name}-") for name in ("partial_False", "partial_True",
+                                                                             "interrupted")}
+    runs = [[f"--out={outs[f'partial_{feedback}']}", "--case=dense_only", f"--steps={PARTIAL_STEPS}",
+             *_partial_flags(feedback)] for feedback in (False, True)]
+    runs.append([f"--out={outs['interrupted']}", "--case=mixed_adam", *DEGENERATE, "--steps=3",
+                 f"--ckpt_dir={checkpoint_dir()}", "--ckpt_every=3"])
+    given = [{"flags": ["--strategy=slim_dp", "--log_every=0", *flags]} for flags in runs]
+    proc = launch.run_ranks(2, ["tests/jobs/train_case.py", f"--runs={json.dumps(given)}"])
     assert proc.returncode == 0, f"slim_dp job failed:\n{launch.tail(proc)}"
-    return out
+    return outs
 
 
 def slim_reference(size: int, steps: int, error_feedback: bool, seed: int = 0):
@@ -161,13 +177,16 @@ def test_bytes_follow_the_selected_counts():
 def test_degenerate_run_resumes_from_its_checkpoint():
     """Interrupted after 3 steps and resumed to 6: the single-device result, and a checkpoint
     holding the global copies and their slots under single-device names."""
-    from tests.test_checkpoint import _train
-    ckpt, out = tempfile.mkdtemp(), tempfile.mkdtemp()
-    _train(2, "mixed_adam", out, "--strategy=slim_dp", *DEGENERATE, "--steps=3", f"--ckpt_dir={ckpt}", "--ckpt_every=3")
+    ckpt = checkpoint_dir()
+    _two_rank_runs()
     keys = set(tf.train.load_checkpoint(os.path.join(ckpt, "step-3", "model")).get_variable_to_shape_map())
     assert {"w", "w/Adam", "w/Adam_1", "b", "emb", "emb/Adam", "beta1_power", "parallax_global_step"} <= keys
     assert not any("parallax_global/" in k or "local_sum" in k for k in keys), sorted(keys)
-    second = _train(2, "mixed_adam", out, "--strategy=slim_dp", *DEGENERATE, "--steps=6", f"--ckpt_dir={ckpt}")
+    out = tempfile.mkdtemp()
+    proc = launch.run_ranks(2, ["tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}", "--strategy=slim_dp",
+                                "--log_every=0", *DEGENERATE, "--steps=6", f"--ckpt_dir={ckpt}"])
+    assert proc.returncode == 0, launch.tail(proc)
+    second = [np.load(os.path.join(out, f"mixed_adam.rank{r}.npz")) for r in range(2)]
     assert [int(r["start_step"]) for r in second] == [3, 3]
     want = reference.train_single_device("mixed", "adam", 2, steps=6)
     for name, value in want.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import random
 import socket
 import sys
 from typing import Dict, List, Optional
@@ -67,7 +68,8 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     choice = devices.choose(hvd.local_rank(), hvd.local_size(), devices.listed_gpus(), device_request, cuda_visible)
     peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank(),
-                                  "device": choice.device_type, "gpu": devices.physical_id(choice, cuda_visible)})
+                                  "device": choice.device_type, "gpu": devices.physical_id(choice, cuda_visible),
+                                  "port_base": default_port_base(hvd.local_size())})
     devices.check_agreement(peers, device_request.share)
     hosts: List[str] = []
     for peer in peers:
@@ -78,7 +80,14 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     # before this process's first server or session
     process = pool_threads.ProcessConfig(pool_threads.choose(threads, hvd.local_size()), choice)
     want = 2 if host_job and hvd.local_rank() == 0 else 1
-    ports = free_ports(address, want, base_port, hvd.local_rank())
+    # without --port, the host's first rank's random start, each local rank in its own window
+    base = base_port or next(p["port_base"] for p in peers if p["host"] == host_name and p["local_rank"] == 0)
+    try:
+        ports = free_ports(address, want, base, hvd.local_rank())
+    except ClusterError:
+        if base_port:
+            raise
+        ports = free_ports(address, want, None)     # that window is busy: any port the OS gives
     bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "host_task": f"{address}:{ports[1]}" if want == 2 else None}
@@ -103,6 +112,20 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
 
 
 PORT_WINDOW = 16   # ports each local rank may try from --port; windows never overlap
+LOWEST_DEFAULT_PORT = 10000
+
+
+def default_port_base(local_size: int) -> Optional[int]:
+    """A random first port below the range the OS hands to outgoing connections, with room for a
+    window per local rank; None where there is no room. A port probed free inside that range can
+    be taken by one of the connections Horovod's gloo and gRPC open before the server binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768       # Linux's default
+    top = ephemeral_low - local_size * PORT_WINDOW
+    return random.SystemRandom().randrange(LOWEST_DEFAULT_PORT, top) if top > LOWEST_DEFAULT_PORT else None
 
 
 def _horovod():
