@@ -108,6 +108,12 @@ def register(route: Route) -> Route:
     return route
 
 
+def build_with(name: str, sync_route) -> None:
+    """A technique's package gives the synchronous step's builder of a core route, which the core
+    cannot import (layers point one way): the alltoall route's is rewriters/shared/alltoall_route.py's."""
+    get(name).sync_route = sync_route
+
+
 def get(name: str) -> Route:
     if name not in _REGISTRY:
         raise ValueError(f"unknown route {name!r}; registered: {', '.join(_REGISTRY)}")

@@ -21,6 +21,7 @@ from parallax_tf.feeds import batch_size, make_feeds
 from parallax_tf.graph_walk import needed_placeholders
 from parallax_tf.model import RunContext
 from parallax_tf.runtime.cluster import start_cluster
+from parallax_tf.runtime import quiet
 from parallax_tf.runtime.hooks import StepStats
 from parallax_tf.training_graph import call_model_fn
 from tools import link_counters
@@ -31,6 +32,7 @@ STALE_RUNS_CAP = 4
 
 def run(name: str, model_fn, input_fn, steps: int, seed: int = 0, profile_threads_from: int = -1) -> dict:
     """`profile_threads_from`: from this step on, CPU per thread name (thread_cpu_s_per_step)."""
+    quiet.apply(flags.FLAGS.verbose)      # TF's notices as quiet as in parallax_tf's own runs
     # TF's pools sized as parallax_tf sizes its own (--threads), so the comparison is of the
     # strategies, not of thread counts
     if name == "single":

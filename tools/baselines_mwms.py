@@ -48,6 +48,7 @@ from absl import flags
 
 from models import recsys
 from parallax_tf import threads as pool_threads
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.model import RunContext
 from parallax_tf.runtime import bind
 from parallax_tf.runtime.cluster import free_ports
@@ -55,6 +56,7 @@ from parallax_tf.runtime.hooks import StepStats
 from tools import link_counters
 
 FLAGS = flags.FLAGS
+HEARTBEAT_TIMEOUT_S = 600
 
 
 def run(input_fn, steps: int, profile_from: int = -1) -> dict:
@@ -86,6 +88,10 @@ def start_worker(hvd, threads: str):
         workers = hvd.allgather_object(f"{address}:{port}", session=session)
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                           "task": {"type": "worker", "index": hvd.rank()}})
+    # TF's default heartbeat bound (10 s) ends the job while worker 0's first broadcast of the
+    # variables (26 MB for lm) fills a slow link's queue ahead of the heartbeats' replies; a
+    # user on such a link raises it, as here
+    tf_shim.configure_coordination_service("/job:worker/replica:0/task:0", len(workers), HEARTBEAT_TIMEOUT_S)
     ring = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring), pool

@@ -42,11 +42,13 @@ def held_out_losses(model_fn, input_fn, snapshots) -> list:
         feeds = [make_feeds(input_fn, RunContext(10_000 + i, 1, 0, 1, 0), placeholders, graph)
                  for i in range(HELD_OUT_BATCHES)]          # ranks no training run has
         out = []
+        loaded = [(logical_name(v), v, tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape))
+                  for v in tf.compat.v1.global_variables() if logical_name(v) in snapshots[0]]
+        load = tf.group(*[v.assign(value) for _, v, value in loaded])
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
             for variables in snapshots:
-                for var in (v for v in tf.compat.v1.global_variables() if logical_name(v) in variables):
-                    var.load(variables[logical_name(var)], sess)
+                sess.run(load, {value: variables[name] for name, _, value in loaded})
                 out.append(float(np.mean([sess.run(loss, f) for f in feeds])))
     return out
 

@@ -36,6 +36,10 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tensorflow.python.data.ops.iterator_ops.Iterator()", "_iterator_resource",
      "the op of an iterator the toolkit sharded (input_shard.py)"),
     ("tensorflow.__internal__.eager_context", "eager_mode", "eager execution inside a graph (fit/spec.py)"),
+    ("tensorflow.python.eager.context", "context",
+     "the coordination service's heartbeat set before MultiWorkerMirroredStrategy (tools/baselines_mwms.py)"),
+    ("tensorflow.python.eager.context.Context", "configure_coordination_service", "the same"),
+    ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob", "the same"),
     ("tensorflow.Operation", "_id", "ops in creation order (inputs first)"),
     ("tensorflow.Operation", "_add_control_inputs", "a control dependency added to an existing op"),
     ("tensorflow.Operation", "_remove_all_control_inputs", "an op's control dependencies replaced"),
@@ -147,6 +151,16 @@ def resource_gather(handle, indices, dtype, name: str):
     """The rows `indices` of a resource variable (by its handle), as one op of the graph."""
     from tensorflow.python.ops import gen_resource_variable_ops
     return gen_resource_variable_ops.resource_gather(handle, indices, dtype=dtype, name=name)
+
+
+def configure_coordination_service(leader: str, workers: int, heartbeat_timeout_s: int) -> None:
+    """The coordination service MultiWorkerMirroredStrategy starts (it leaves one configured
+    before it alone), with a heartbeat bound of `heartbeat_timeout_s`."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=leader, heartbeat_timeout_in_ms=heartbeat_timeout_s * 1000,
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=workers)])
 
 
 def chrome_trace(step_stats) -> str:

@@ -31,9 +31,7 @@ class Auto(strategy.Strategy):
     def decide(self, request):
         if request.cost_cluster is None:
             raise ConfigError("--strategy=auto needs the cluster it plans for (hosts, link bandwidth)")
-        auto = _choices(request)
-        per_variable = costmodel.predict(request.loads, {name: choice for name, (choice, _) in auto.items()},
-                                         request.cost_cluster, request.capture.compute_s or 0.0).step_s
+        auto, per_variable = _choices(request)
         offer = strategy.get(self.ALTERNATIVE).offer(request, per_variable)
         if offer is not None and request.options.stanza:     # the cost model prefers the alternative
             plan = planner.make_plan(dataclasses.replace(request, strategy=self.ALTERNATIVE, options=offer.options))
@@ -55,7 +53,8 @@ class Auto(strategy.Strategy):
 
 
 def _choices(request):
-    """Route and shard count per variable from the cost model, with the predicted step time."""
+    """Route and shard count per variable from the cost model, each with its reason; the
+    predicted step time of them all."""
     cluster, loads = request.cost_cluster, request.loads
     compute = request.capture.compute_s or 0.0
     choices = costmodel.choose(loads, cluster, compute)
@@ -71,7 +70,7 @@ def _choices(request):
                                   + (f"; instead: {alternatives}" if alternatives else
                                      f"; the only candidate for a {load.gradient} gradient (AllReduce's ring "
                                      "moves the fewest bytes)"))
-    return out
+    return out, step
 
 
 def _batches(n: int) -> str:

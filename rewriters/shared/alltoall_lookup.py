@@ -66,26 +66,29 @@ class Pack:
     def dtype(self):
         return self.lookups[0].variable.dtype.base_dtype
 
-    def send(self, per_lookup: List[tf.Tensor], counts: List[tf.Tensor], name: str) -> tf.Tensor:
+    def send(self, per_lookup: List[tf.Tensor], counts: List[tf.Tensor], name: str, lookups=None) -> tf.Tensor:
         """Sends each lookup's rows (grouped by destination, `counts` per destination) to their
-        ranks in one alltoall, and returns what arrived, flat, in source-rank order."""
+        ranks in one alltoall, and returns what arrived, flat, in source-rank order. `lookups`:
+        the pack's lookups the rows are of (all of them by default), the same on every rank."""
         import horovod.tensorflow as hvd
+        lookups = self.lookups if lookups is None else lookups
         pieces = [tf.split(tf.reshape(rows, [-1]), counts[k] * look.row_elements, num=self.num_ranks)
-                  for k, (look, rows) in enumerate(zip(self.lookups, per_lookup))]
-        flat = tf.concat([pieces[k][r] for r in range(self.num_ranks) for k in range(len(self.lookups))], 0)
-        splits = tf.add_n([c * look.row_elements for c, look in zip(counts, self.lookups)])
+                  for k, (look, rows) in enumerate(zip(lookups, per_lookup))]
+        flat = tf.concat([pieces[k][r] for r in range(self.num_ranks) for k in range(len(lookups))], 0)
+        splits = tf.add_n([c * look.row_elements for c, look in zip(counts, lookups)])
         received, _ = hvd.alltoall(flat, splits=splits, name=f"{self.tag}_{name}")
         return received
 
-    def unpack(self, received: tf.Tensor, counts: List[tf.Tensor]) -> List[tf.Tensor]:
+    def unpack(self, received: tf.Tensor, counts: List[tf.Tensor], lookups=None) -> List[tf.Tensor]:
         """Per lookup, the rows `received` holds from every rank (`counts`: per lookup, how many
         each rank sent), concatenated in source-rank order."""
-        sizes = [c * look.row_elements for c, look in zip(counts, self.lookups)]
+        lookups = self.lookups if lookups is None else lookups
+        sizes = [c * look.row_elements for c, look in zip(counts, lookups)]
         blocks = tf.split(received, tf.add_n(sizes), num=self.num_ranks)
-        per_source = [tf.split(blocks[s], [size[s] for size in sizes], num=len(self.lookups))
+        per_source = [tf.split(blocks[s], [size[s] for size in sizes], num=len(lookups))
                       for s in range(self.num_ranks)]
         return [tf.reshape(tf.concat([per_source[s][k] for s in range(self.num_ranks)], 0), [-1] + look.row_shape)
-                for k, look in enumerate(self.lookups)]
+                for k, look in enumerate(lookups)]
 
 
 def exchange_lookups(variables, needed: set, num_ranks: int, rank: int):

@@ -6,6 +6,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf import routes
 from parallax_tf.inspect_graph import logical_name
 from parallax_tf.plan import RANKS_LAYOUT, ROUTE_ALLTOALL
 from rewriters.shared.pipeline import SyncRoute
@@ -32,19 +33,20 @@ class AlltoallRoute(SyncRoute):
                     self.lower_bound.append(lower_bound_bytes(grad, part.variable, size, hosts))
         arrived = {}                  # (pack, lookup index) -> the rows every rank sent for it
         for pack in self.rebuilt.packs:
+            # lookups of a variable without a gradient send nothing back (the same on every rank)
+            graded = [look for look in pack.lookups if look.index in own.get(look.variable.op.name, {})]
             sent = []
-            for look in pack.lookups:
-                rows = own.get(look.variable.op.name, {}).get(look.index)
-                if rows is None:      # every rank sends its share of the pack: zeros, left out below
-                    sent.append(tf.zeros([look.num_distinct] + look.row_shape, pack.dtype))
-                    continue
+            for look in graded:
+                rows = own[look.variable.op.name][look.index]
                 summed = tf.math.unsorted_segment_sum(rows, look.position, look.num_distinct)
                 sent.append(tf.gather(summed, look.order))
                 row_bytes = pack.dtype.size * look.row_elements
                 moved.append(look.away * (2 * row_bytes + 8))
-            received = pack.unpack(pack.send(sent, [look.counts for look in pack.lookups], "grads"),
-                                   [look.served_counts for look in pack.lookups])
-            arrived.update({(id(pack), look.index): rows for look, rows in zip(pack.lookups, received)})
+            if not graded:
+                continue
+            received = pack.unpack(pack.send(sent, [look.counts for look in graded], "grads", graded),
+                                   [look.served_counts for look in graded], graded)
+            arrived.update({(id(pack), look.index): rows for look, rows in zip(graded, received)})
         averaged = {}
         for name in own:
             looks = [look for look, _ in self.rebuilt.exchanged[name]]
@@ -73,3 +75,6 @@ class AlltoallRoute(SyncRoute):
         """Saved name -> "ranks" for the state made in the shards' shape (the shards' own entries
         have it from the plan)."""
         return {logical_name(v): RANKS_LAYOUT for v in self.kept_per_rank()[len(self.shards):]}
+
+
+routes.build_with(ROUTE_ALLTOALL, AlltoallRoute)

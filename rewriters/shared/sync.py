@@ -23,7 +23,7 @@ from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_LOCAL, ROUTE
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
-from rewriters.shared.alltoall_route import AlltoallRoute
+from rewriters.shared import alltoall_route  # noqa: F401  (gives the alltoall route its sync_route)
 from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
 from rewriters.shared.pipeline import RouteFactory, applied_optimizers, check_routes, finish_graph, start_variables
@@ -45,7 +45,7 @@ def assemble(request: BuildRequest, allowed_routes: Sequence[str], strategy: str
 
 
 def _sync_route(name: str) -> RouteFactory:
-    factory = AlltoallRoute if name == ROUTE_ALLTOALL else route_lib.get(name).sync_route
+    factory = route_lib.get(name).sync_route
     if factory is None:
         raise ValueError(f"route {name!r} has no sync_route: the synchronous step cannot build it")
     return factory
