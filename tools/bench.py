@@ -49,16 +49,17 @@ def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str,
     return _read(out, status, 1 if strategy == "single" else hosts * ranks_per_host)
 
 
-def run_in_one_job(runs, hosts: int, bandwidth: str, steps: int, warmup: int, timeout_s: int = 1200) -> list:
+def run_in_one_job(runs, hosts: int, bandwidth: str, steps: int, warmup: int, timeout_s: int = 0) -> list:
     """Each of `runs` ((strategy, model, flags) of parallax_tf strategies) one after another in
     the same ranks on `hosts` emulated hosts (one rank each): one start-up of the job for all of
-    them. Returns their summaries (run_strategy's), in order; the flags hold for their run only."""
+    them. Returns their summaries (run_strategy's), in order; the flags hold for their run only.
+    `timeout_s`: the whole job's bound (default: 600 s per run)."""
     out = tempfile.mkdtemp(prefix="bench-runs-")
     configs = [{"strategy": strategy, "model": model, "flags": list(given)} for strategy, model, given in runs]
     job = [sys.executable, "-m", "tools.bench_job", f"--bench_runs={json.dumps(configs)}", f"--steps={steps}",
            f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + model_flags()
-    status = cluster.run(job, hosts, 1, bandwidth, "0ms", timeout_s=timeout_s, host_cpus=FLAGS.host_cpus,
-                         slow_hosts=FLAGS.slow_hosts)
+    status = cluster.run(job, hosts, 1, bandwidth, "0ms", timeout_s=timeout_s or 600 * len(runs),
+                         host_cpus=FLAGS.host_cpus, slow_hosts=FLAGS.slow_hosts)
     return [_read(os.path.join(out, str(i)), status, hosts) for i in range(len(runs))]
 
 
