@@ -46,9 +46,10 @@ def _job(size, runs):
 
 @functools.lru_cache(maxsize=None)
 def _first_runs():
-    """Every first run, saved in the 2-rank job (it returns once they all ended)."""
+    """Every first run, saved in the 2-rank job (it returns once they all ended): name -> (its
+    ranks' results, its checkpoint directory's listing)."""
     _job(2, [(name, case, first) for name, (_, case, first, _) in RUNS.items()])
-    return {name: _ranks(name, RUNS[name][1], 2) for name in RUNS}
+    return {name: (_ranks(name, RUNS[name][1], 2), sorted(os.listdir(_dirs(name)[1]))) for name in RUNS}
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,7 +67,7 @@ def _ranks(name, case, size):
 
 
 def _first(name):
-    return _first_runs()[name]
+    return _first_runs()[name][0]
 
 
 def _resumed(name):
@@ -75,13 +76,7 @@ def _resumed(name):
 
 def _listing(name):
     """The checkpoint directory of `name` as its first run left it."""
-    return _first_listing()[name]
-
-
-@functools.lru_cache(maxsize=None)
-def _first_listing():
-    _first_runs()
-    return {name: sorted(os.listdir(_dirs(name)[1])) for name in RUNS}
+    return _first_runs()[name][1]
 
 
 def _assert_close(got, want, tolerance, what):

@@ -55,7 +55,7 @@ def run_in_one_job(runs, hosts: int, bandwidth: str, steps: int, warmup: int, ti
     them. Returns their summaries (run_strategy's), in order; the flags hold for their run only.
     `timeout_s`: the whole job's bound (default: 600 s per run)."""
     out = tempfile.mkdtemp(prefix="bench-runs-")
-    configs = [{"strategy": strategy, "model": model, "flags": list(given)} for strategy, model, given in runs]
+    configs = [[f"--bench_strategy={strategy}", f"--model={model}", *given] for strategy, model, given in runs]
     job = [sys.executable, "-m", "tools.bench_job", f"--bench_runs={json.dumps(configs)}", f"--steps={steps}",
            f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + model_flags()
     status = cluster.run(job, hosts, 1, bandwidth, "0ms", timeout_s=timeout_s or 600 * len(runs),

@@ -14,8 +14,9 @@ from tools.shared import model_and_input, flags_as_given
 
 flags.DEFINE_string("bench_strategy", "hybrid", "a parallax_tf strategy or a baseline")
 flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")
-flags.DEFINE_string("bench_runs", None, "A JSON list of runs made one after another in this job, each "
-                    "{strategy, model, flags}: run i's figures go to --out/i/ (tools.bench.run_in_one_job).")
+flags.DEFINE_string("bench_runs", None, "A JSON list of runs made one after another in this job, each a list "
+                    "of flags (--bench_strategy, --model, ...) for it alone: run i's figures go to --out/i/ "
+                    "(tools.bench.run_in_one_job).")
 FLAGS = flags.FLAGS
 
 
@@ -58,9 +59,8 @@ DIVERGED_EXIT = 3
 
 def main(argv):
     if FLAGS.bench_runs:
-        for i, run in enumerate(json.loads(FLAGS.bench_runs)):
-            with flags_as_given(run["flags"]):
-                FLAGS.model, FLAGS.bench_strategy = run["model"], run["strategy"]
+        for i, given in enumerate(json.loads(FLAGS.bench_runs)):
+            with flags_as_given(given):
                 record = train_and_measure()
             os.makedirs(os.path.join(FLAGS.out, str(i)), exist_ok=True)
             with open(os.path.join(FLAGS.out, str(i), f"rank{record['rank']}.json"), "w") as f:

@@ -31,7 +31,8 @@ def main(out_dir, strategy, names):
 
 if __name__ == "__main__":
     runs, sys.argv = several_runs.take(sys.argv)
-    for run in several_runs.each(runs) if runs else ():
-        main(run["out"], run["strategy"], run["names"])
-    if not runs:
+    if runs:
+        for run in several_runs.each(runs):
+            main(run["out"], run["strategy"], run["names"])
+    else:
         main(sys.argv[1], sys.argv[2], [a for a in sys.argv[3:] if not a.startswith("--")])
