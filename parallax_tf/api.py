@@ -13,7 +13,8 @@ import tensorflow as tf
 
 import rewriters  # noqa: F401  (registers the techniques: the core reaches them only through parallax_tf.strategy)
 from parallax_tf import flags as ptf_flags
-from parallax_tf import devices, model_init, rank_run, strategy as strategy_lib
+from parallax_tf import devices, dynamic, model_init, rank_run, strategy as strategy_lib
+from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
@@ -126,7 +127,8 @@ def _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id) -> rank_run.RankG
                    **{v.name: (v.layout, v.shape) for v in plan.variables}}
         entries = collect_state(dgraph, layouts)
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
-                           num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank)
+                           num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank,
+                           dynamic=DynamicState(dynamic.tables(graph)) if dynamic.tables(graph) else None)
     placement.settle(graph, topo.server_ranks, topo.device_type)
     graph.finalize()
     on_cpu_instead = _ops_without_gpu_kernel(graph, topo, opts.verbose)
@@ -145,7 +147,8 @@ def _open_rank_session(opts, cluster, captured, plan, built, user_hooks) -> rank
                                 in_process=session.alone(remote, topo.rank, topo.size), process=cluster.process)
     hooks, checkpointer, committer = _hooks(opts, topo, store, commits, built.state_io, sess, plan.global_step_key)
     hooks += user_hooks
-    results = list(built.dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)]
+    results = list(built.dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)] + \
+        [k for k in built.state_io.keys if k not in built.state_io.entries]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
     watchdog = _watchdog(topo, cluster, built.dgraph) if topo.size > 1 else None
     alive = watchdog.alive if watchdog else (lambda: {topo.rank})
@@ -267,11 +270,11 @@ def _start_values(stores, captured, state_io):
     if path is None:
         return captured.initial_values
     values, _ = CheckpointStore.load(path)
-    missing = sorted(set(state_io.entries) - set(values))
+    missing = sorted(set(state_io.keys) - set(values))
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {missing}; it was written for another model or "
                           "optimizer. Point --ckpt_dir at an empty directory to start afresh")
-    return {key: values[key] for key in state_io.entries}
+    return {key: values[key] for key in state_io.keys}
 
 
 def _hooks(opts, topo, store, commits, state_io, sess, step_key):

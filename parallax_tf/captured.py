@@ -51,3 +51,5 @@ class Capture:
     global_step: Optional[str] = None       # the model's own global step, when its train op advances one
     measured: Dict[str, object] = dataclasses.field(default_factory=dict)   # Measure.name -> what it found
     metrics: List[str] = dataclasses.field(default_factory=list)   # the names in Model.metrics
+    # the model's dynamic tables (parallax_tf.dynamic): DynamicEmbedding.describe() and the row rule
+    dynamic_tables: List[Dict[str, object]] = dataclasses.field(default_factory=list)

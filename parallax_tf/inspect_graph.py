@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import graph_walk, model_init, training_graph
+from parallax_tf import dynamic, graph_walk, model_init, training_graph
 from parallax_tf.captured import Capture, StateInfo, VariableInfo
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
@@ -104,7 +104,7 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,
-                   sorted(training.model.metrics or {}))
+                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies))
 
 
 @dataclasses.dataclass

@@ -65,6 +65,30 @@ class VariablePlan:
 
 
 @dataclasses.dataclass
+class DynamicTablePlan:
+    """A dynamic table (parallax_tf.dynamic): rows sharded by id over every parameter-server host,
+    trained by `optimizer`'s row rule at each step's end. Shard k lives on host k % hosts."""
+    name: str
+    dim: int
+    dtype: str
+    initializer: str
+    admit_after: int
+    evict_after_steps: Optional[int]
+    capacity: Optional[int]
+    optimizer: str
+    shards: int
+
+    def line(self) -> str:
+        limits = [f"admit after {self.admit_after}"]
+        if self.evict_after_steps is not None:
+            limits.append(f"evict after {self.evict_after_steps} steps unseen")
+        if self.capacity is not None:
+            limits.append(f"capacity {self.capacity} rows")
+        return (f"dynamic table {self.name}: dim {self.dim} {self.dtype}, {self.shards} shards by id, "
+                f"{self.optimizer} per row, {self.initializer}, {', '.join(limits)}")
+
+
+@dataclasses.dataclass
 class Plan:
     strategy: str
     num_ranks: int
@@ -77,6 +101,7 @@ class Plan:
     section: Optional[object] = None
     options: Dict[str, object] = dataclasses.field(default_factory=dict)  # the strategy's options, by field
     devices: Optional[str] = None       # on GPU ranks, what runs where (parallax_tf.devices.summary)
+    dynamic_tables: List[DynamicTablePlan] = dataclasses.field(default_factory=list)
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
@@ -100,10 +125,11 @@ class Plan:
         for v in raw.pop("variables"):
             shards = [Shard(**s) for s in v.pop("shards")]
             variables.append(VariablePlan(shards=shards, **v))
+        dynamic_tables = [DynamicTablePlan(**t) for t in raw.pop("dynamic_tables", [])]
         section = raw.pop("section", None)
         if section is not None:
             section = _SECTION_TYPES[raw["strategy"]].from_dict(section)
-        return cls(variables=variables, section=section, **raw)
+        return cls(variables=variables, section=section, dynamic_tables=dynamic_tables, **raw)
 
     # ---- display ---------------------------------------------------------------------------
     @property
@@ -126,6 +152,7 @@ class Plan:
                      f"local_aggregation={self.local_aggregation} "
                      f"global_step={self.global_step_key} "
                      f"est. bytes/step/rank={human_bytes(total)}")
+        lines.extend(table.line() for table in self.dynamic_tables)
         if self.devices:
             lines.append(f"devices: {self.devices}")
         if self.section is not None:

@@ -12,7 +12,7 @@ from typing import List
 from parallax_tf import routes as route_lib, strategy as strategy_lib
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_LOCAL, ROUTE_PS, Plan, Shard, VariablePlan
+from parallax_tf.plan import ROUTE_LOCAL, ROUTE_PS, DynamicTablePlan, Plan, Shard, VariablePlan
 from parallax_tf.strategy import Decisions, PlanRequest
 
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -28,6 +28,10 @@ def make_plan(request: PlanRequest) -> Plan:
         request.partitions
     if partitions is not None and partitions < 1:
         raise ConfigError(f"--partitions must be >= 1, got {partitions}")
+    if capture.dynamic_tables and not chosen.carries_dynamic_tables:
+        able = [n for n in strategy_lib.names() if strategy_lib.get(n).carries_dynamic_tables]
+        raise ConfigError(f"--strategy={request.strategy} cannot train dynamic tables "
+                          f"({', '.join(t['name'] for t in capture.dynamic_tables)}); use one of {', '.join(able)}")
     decided = chosen.decide(request)
     if decided.plan is not None:        # the rule chose another strategy's whole plan
         return decided.plan
@@ -53,7 +57,9 @@ def make_plan(request: PlanRequest) -> Plan:
     entries.extend(_model_state(capture, decided))
     return Plan(strategy=request.strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
                 local_aggregation=request.local_aggregation, variables=entries, global_step=capture.global_step,
-                section=decided.section, options=dataclasses.asdict(request.options))
+                section=decided.section, options=dataclasses.asdict(request.options),
+                dynamic_tables=[DynamicTablePlan(**table, shards=partitions or num_hosts)
+                                for table in capture.dynamic_tables])
 
 
 def _model_state(capture: Capture, decided: Decisions) -> List[VariablePlan]:

@@ -142,6 +142,9 @@ class Strategy:
     # its step computes the loss once over the data ranks' batches joined: model_fn's ctx says so
     # (RunContext.batch_joined), from inspection on
     batch_joined: bool = False
+    # its step trains dynamic tables (parallax_tf.dynamic): the synchronous step does
+    # (rewriters/shared/dynamic_step.py); a strategy without it refuses a model that has them
+    carries_dynamic_tables: bool = False
     # the type of its own plan data (Plan.section): a dataclass with lines() (what the plan's
     # table shows of it) and from_dict() (its JSON back); None: it has none
     Section: Optional[type] = None

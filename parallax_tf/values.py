@@ -129,8 +129,10 @@ class StateIO:
     reading them is collective too."""
 
     def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1,
-                 owners: Optional[Dict[str, List[int]]] = None, rank: int = 0):
+                 owners: Optional[Dict[str, List[int]]] = None, rank: int = 0, dynamic=None):
         self.entries = entries
+        self.dynamic = dynamic          # the dynamic tables' contents (parallax_tf.dynamic.state), if any
+        self._dynamic_keys = set(dynamic.keys()) if dynamic is not None else set()
         self.on_ranks = {k for k, e in entries.items() if e.layout == RANKS_LAYOUT}
         everyone = list(range(num_ranks))
         owners = {k: list(r) for k, r in (owners or {}).items() if k in entries and list(r) != everyone}
@@ -178,11 +180,19 @@ class StateIO:
                                 self._read[name] * tf.cast(share, self._read[name].dtype), op=hvd.Sum,
                                 name="parallax_mean_" + tag)
 
+    @property
+    def keys(self) -> List[str]:
+        """Every key of the training state: the variables' and the dynamic tables'."""
+        return list(self.entries) + sorted(self._dynamic_keys)
+
     def load(self, sess, values: Dict[str, np.ndarray]) -> None:
-        """Assigns whole values to every copy of the named keys (keys not given are left alone)."""
+        """Assigns whole values to every copy of the named keys (keys not given are left alone;
+        dynamic tables hold exactly what `values` gives them, nothing if it has none)."""
+        if self.dynamic is not None:
+            self.dynamic.load(sess, {k: v for k, v in values.items() if k in self._dynamic_keys})
         ops, feeds = [], {}
         for key, value in values.items():
-            if key in self.on_ranks:
+            if key in self.on_ranks or key in self._dynamic_keys:
                 continue
             entry = self.entries[key]
             for copy in entry.copies:
@@ -217,14 +227,18 @@ class StateIO:
 
     def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
         """Whole values by key. Collective when the keys include averaged state."""
-        keys = list(self.entries) if keys is None else keys
+        keys = self.keys if keys is None else keys
+        tables = [k for k in keys if k in self._dynamic_keys]
+        found = self.dynamic.read(sess, tables) if tables else {}
+        keys = [k for k in keys if k not in self._dynamic_keys]
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
         raw = sess.run({name: self._read[name] for name in wanted})
         for name, (_, shard) in self._scatter.items():
             if name in raw:
                 raw[name] = shard.whole(raw[name])
-        return {k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout,
-                         self.entries[k].shape) for k in keys}
+        found.update({k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout,
+                               self.entries[k].shape) for k in keys})
+        return found
 
 
 class _RankShard:

@@ -59,7 +59,18 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tensorflow.compat.v1.train.MomentumOptimizer()", "_momentum", "the same"),
     ("tensorflow.compat.v1.train.MomentumOptimizer()", "_use_nesterov", "the same"),
     ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_learning_rate",
-     "its learning rate (rewriters/ps_plus)"),
+     "its learning rate (rewriters/ps_plus, parallax_tf/dynamic/rules.py)"),
+    ("tensorflow.compat.v1.train.AdagradOptimizer()", "_learning_rate",
+     "Adagrad's hyper-parameters (a dynamic table's row rule, parallax_tf/dynamic/rules.py)"),
+    ("tensorflow.compat.v1.train.AdagradOptimizer()", "_initial_accumulator_value", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_learning_rate",
+     "FTRL's hyper-parameters (a dynamic table's row rule, parallax_tf/dynamic/rules.py)"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_learning_rate_power", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_initial_accumulator_value", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_l1_regularization_strength", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_l2_regularization_strength", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_l2_shrinkage_regularization_strength", "the same"),
+    ("tensorflow.compat.v1.train.FtrlOptimizer()", "_beta", "the same"),
     ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_slots",
      "an optimizer's copy with state of its own (rewriters/slim_dp)"),
     ("tensorflow.compat.v1.train.GradientDescentOptimizer()", "_non_slot_dict", "the same"),
@@ -78,7 +89,9 @@ def _samples() -> dict:
             "tensorflow.python.data.ops.iterator_ops.Iterator()": iterator,
             "tensorflow.compat.v1.train.AdamOptimizer()": lambda: train.AdamOptimizer(0.1),
             "tensorflow.compat.v1.train.MomentumOptimizer()": lambda: train.MomentumOptimizer(0.1, 0.9),
-            "tensorflow.compat.v1.train.GradientDescentOptimizer()": lambda: train.GradientDescentOptimizer(0.1)}
+            "tensorflow.compat.v1.train.GradientDescentOptimizer()": lambda: train.GradientDescentOptimizer(0.1),
+            "tensorflow.compat.v1.train.AdagradOptimizer()": lambda: train.AdagradOptimizer(0.1),
+            "tensorflow.compat.v1.train.FtrlOptimizer()": lambda: train.FtrlOptimizer(0.1)}
 
 
 def missing() -> List[str]:
@@ -221,6 +234,21 @@ def adam_hyper_parameters(optimizer) -> tuple:
 def momentum_hyper_parameters(optimizer) -> tuple:
     """A MomentumOptimizer's (learning rate, momentum, use_nesterov), as given."""
     return optimizer._learning_rate, optimizer._momentum, optimizer._use_nesterov
+
+
+def adagrad_hyper_parameters(optimizer) -> tuple:
+    """An AdagradOptimizer's (learning rate, initial accumulator value), as given."""
+    return optimizer._learning_rate, optimizer._initial_accumulator_value
+
+
+def ftrl_hyper_parameters(optimizer) -> dict:
+    """An FtrlOptimizer's hyper-parameters, as given, by the names of its constructor."""
+    return {"learning_rate": optimizer._learning_rate, "learning_rate_power": optimizer._learning_rate_power,
+            "initial_accumulator_value": optimizer._initial_accumulator_value,
+            "l1_regularization_strength": optimizer._l1_regularization_strength,
+            "l2_regularization_strength": optimizer._l2_regularization_strength,
+            "l2_shrinkage_regularization_strength": optimizer._l2_shrinkage_regularization_strength,
+            "beta": optimizer._beta}
 
 
 def learning_rate(optimizer):

@@ -19,6 +19,7 @@ class AutoOptions:
 
 
 class Auto(strategy.Strategy):
+    carries_dynamic_tables = True
     name = "auto"
     Options = AutoOptions
     time_compute = True

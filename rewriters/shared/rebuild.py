@@ -8,7 +8,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import training_graph
+from parallax_tf import dynamic, training_graph
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
@@ -61,7 +61,10 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     plan = request.plan
     on_servers = plan.on_route(ROUTE_PS) if on_servers is None else on_servers
     on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
-    training = _build_placed(request, on_servers, on_ranks, step_on_server)
+    # a dynamic table's shards: one per host's parameter server (--partitions: that many, in turn)
+    shards = plan.dynamic_tables[0].shards if plan.dynamic_tables else plan.num_hosts
+    with dynamic.sharded_over([f"/job:ps/task:{k % plan.num_hosts}" for k in range(shards)]):
+        training = _build_placed(request, on_servers, on_ranks, step_on_server)
     parts = _parts_by_logical_name(plan)
     trained = {v.name for v in plan.trained}
     missing, extra = trained - set(parts), set(parts) - trained

@@ -23,6 +23,7 @@ from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_LOCAL, ROUTE
 from parallax_tf.runtime.runner import SyncRunner, SyncStep
 from parallax_tf.strategy import BuildRequest, DistributedGraph
 from rewriters.shared.allreduce_route import AllReduceRoute
+from rewriters.shared.dynamic_step import DynamicTablesStep
 from rewriters.shared import alltoall_route  # noqa: F401  (gives the alltoall route its sync_route)
 from rewriters.shared.ps_route import PSRoute
 from rewriters.shared import transform as transform_lib
@@ -88,6 +89,7 @@ class _Assembly:
         if self.ps_route is not None:
             self.global_grads.update(self.ps_route.build())
             _read_step_before_pushing(self.global_step, needed, set(transform.depends), self.ps_route.pushes)
+        self.dynamic = DynamicTablesStep(request, rebuilt)     # the dynamic tables' pushes and boundaries
         own_rows = {p.variable.op.name: g.values for e in rows_sent for p, g in zip(rebuilt.parts[e.name],
                     rebuilt.grads[e.name]) if isinstance(g, tf.IndexedSlices)}
         self.sums = transform_lib.sum_sparse_reductions(transform, reductions, own_rows, topo.size, needed)
@@ -126,12 +128,15 @@ class _Assembly:
             step = step + [self.sums.op]
         for route in self.extras:
             step = step + route.after_step(list(step))
+        if self.dynamic.active:
+            step = step + self.dynamic.targets()
         return step
 
     def ending(self, step: list) -> DistributedGraph:
         """Stage 5: the step report, the further routes' state after the replicas' broadcast,
         and the shared ending (rewriters/shared/pipeline.py)."""
         training, routes = self.training, [self.allreduce] + ([self.ps_route] if self.ps_route else []) + self.extras
+        routes += [self.dynamic] if self.dynamic.active else []
         start = start_variables()
         start.keep_own([v for route in self.extras for v in route.kept_per_rank()])
         if self.topo.size > 1 and start.local:     # now: the further routes' own start follows it

@@ -1,0 +1,107 @@
+"""A dynamic table's contents as whole arrays under single-device keys, for checkpoints and
+results, however many shards hold it:
+
+    <table>/ids, <table>/values       live rows, ascending by id ([n], [n, dim])
+    <table>/<slot>                     the optimizer's slot per live row ([n, dim])
+    <table>/seen_ids, <table>/counts, <table>/last_seen
+                                       every id the table tracks, live or waiting for admission
+    <table>/clock                      [boundaries so far, rows admitted, rows evicted]
+
+`tf.train.load_variable(checkpoint, "<table>/values")` reads them in plain TF."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf.dynamic import ids as id_lib
+from parallax_tf.dynamic.store import CLOCK_COLUMNS
+
+ROW_GROUP = ("ids", "values")              # aligned with the live rows (slots too)
+SEEN_GROUP = ("seen_ids", "counts", "last_seen")
+
+
+class DynamicState:
+    """Reads (every rank: each shard's export) and loads (rank 0: each shard's import) every
+    dynamic table of the rank's graph. Built while the graph is open."""
+
+    def __init__(self, tables: List):
+        self.tables = tables
+        self._exports = {t.name: [shard.export() for shard in t.shards] for t in tables}
+        self._feeds: Dict[str, tf.Tensor] = {}
+        self._loads = []
+        for table in tables:
+            self._loads.append(self._build_load(table))
+
+    def keys(self) -> List[str]:
+        return [key for table in self.tables for key in self._table_keys(table)]
+
+    @staticmethod
+    def _table_keys(table) -> List[str]:
+        slots = sorted(table.shards[0].slots)
+        return [f"{table.name}/{k}" for k in (*ROW_GROUP, *slots, *SEEN_GROUP, "clock")]
+
+    def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
+        wanted = {k.split("/")[0] for k in keys} if keys is not None else None
+        tables = [t for t in self.tables if wanted is None or t.name in wanted]
+        raw = sess.run({t.name: self._exports[t.name] for t in tables})
+        out = {}
+        for table in tables:
+            shards = raw[table.name]
+            rows = {k: np.concatenate([s[k] for s in shards]) for k in shards[0] if k != "clock"}
+            order = np.argsort(rows["ids"], kind="stable")
+            seen = np.argsort(rows["seen_ids"], kind="stable")
+            for key, value in rows.items():
+                out[f"{table.name}/{key}"] = value[seen] if key in SEEN_GROUP else value[order]
+            clocks = np.stack([s["clock"] for s in shards])
+            out[f"{table.name}/clock"] = np.array([clocks[0, 0], clocks[:, 1].sum(), clocks[:, 2].sum()], np.int64)
+        if keys is not None:
+            out = {k: v for k, v in out.items() if k in keys}
+        return out
+
+    def load(self, sess, values: Dict[str, np.ndarray]) -> None:
+        """Replaces every table's contents with `values` (its keys; a table without them is emptied)."""
+        feeds = {}
+        for table in self.tables:
+            for key in self._table_keys(table):
+                name = key.split("/", 1)[1]
+                if key in values:
+                    feeds[self._feeds[key]] = np.asarray(values[key])
+                else:
+                    feeds[self._feeds[key]] = _empty(name, table)
+        sess.run(self._loads, feeds)
+
+    def _build_load(self, table) -> tf.Operation:
+        dtype, dim = table.options.dtype, table.dim
+        whole = {}
+        for key in self._table_keys(table):
+            name = key.split("/", 1)[1]
+            if name == "clock":
+                shape, kind = [CLOCK_COLUMNS], tf.int64
+            elif name in ("ids", *SEEN_GROUP):
+                shape, kind = [None], tf.int64
+            else:
+                shape, kind = [None, dim], dtype
+            whole[name] = self._feeds[key] = tf.compat.v1.placeholder(kind, shape, name=f"parallax_load_{name}")
+        count = len(table.shards)
+        by_row = tf.dynamic_partition(tf.range(tf.size(whole["ids"])), id_lib.owner(whole["ids"], count), count)
+        by_seen = tf.dynamic_partition(tf.range(tf.size(whole["seen_ids"])),
+                                       id_lib.owner(whole["seen_ids"], count), count)
+        loads = []
+        for index, shard in enumerate(table.shards):
+            parts = {name: tf.gather(value, by_seen[index] if name in SEEN_GROUP else by_row[index])
+                     for name, value in whole.items() if name != "clock"}
+            # every shard counts the same boundaries; the admitted and evicted totals stay on shard 0
+            clock = whole["clock"] * (tf.constant([1, 1, 1], tf.int64) if index == 0 else
+                                      tf.constant([1, 0, 0], tf.int64))
+            loads.append(shard.load(dict(parts, clock=clock)))
+        return tf.group(*loads)
+
+
+def _empty(name: str, table) -> np.ndarray:
+    if name == "clock":
+        return np.zeros([CLOCK_COLUMNS], np.int64)
+    if name in ("ids", *SEEN_GROUP):
+        return np.zeros([0], np.int64)
+    return np.zeros([0, table.dim], table.options.dtype.as_numpy_dtype)

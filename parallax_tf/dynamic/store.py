@@ -1,0 +1,224 @@
+"""One shard of a dynamic table, on one device: TensorFlow's own mutable hash tables (standard
+ops, shared by every rank's graph through their shared names on that device, freed with the
+run's container).
+
+- `values`: id -> row, live ids only; one table per optimizer slot beside it;
+- `meta`: id -> (occurrences, last step seen, live) for every id the shard tracks, live or
+  waiting for admission;
+- `clock`: 0 -> (boundaries so far, rows admitted, rows evicted).
+
+Reads never change a table. Every change happens at the step boundary, on the shard's device,
+from the step's gradients already summed over the ranks (`boundary`)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from parallax_tf.dynamic import ids as id_lib
+
+META_COLUMNS = 3      # occurrences, last step seen, live
+CLOCK_COLUMNS = 3     # boundaries so far, rows admitted, rows evicted
+
+
+@dataclasses.dataclass
+class TableOptions:
+    dim: int
+    dtype: tf.DType
+    initializer: id_lib.RowInitializer
+    seed: int
+    admit_after: int = 1
+    evict_after_steps: Optional[int] = None
+    capacity: Optional[int] = None
+
+
+def _table(shared_name: str, key_dtype, value_dtype, value_shape):
+    return tf.raw_ops.MutableHashTableOfTensorsV2(
+        key_dtype=key_dtype, value_dtype=value_dtype, value_shape=value_shape, shared_name=shared_name,
+        use_node_name_sharing=False, name=shared_name.replace("/", "_"))
+
+
+def _find(table, keys, default):
+    return tf.raw_ops.LookupTableFindV2(table_handle=table, keys=keys, default_value=default)
+
+
+def _insert(table, keys, values):
+    return tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys, values=values)
+
+
+def _remove(table, keys):
+    return tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=keys)
+
+
+def _export(table, key_dtype, value_dtype):
+    return tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=key_dtype, Tvalues=value_dtype)
+
+
+def _import(table, keys, values):
+    return tf.raw_ops.LookupTableImportV2(table_handle=table, keys=keys, values=values)
+
+
+class Shard:
+    """The tables of shard `index` of table `name` on `device` (None: wherever the caller is).
+    Slot tables exist once `with_slots` named them (the optimizer is known at the boundary)."""
+
+    def __init__(self, name: str, index: int, device: Optional[str], options: TableOptions):
+        self.name, self.index, self.device, self.options = name, index, device, options
+        prefix = f"parallax_dynamic/{name}/shard{index}"
+        self._prefix = prefix
+        with tf.control_dependencies(None), tf.device(device):     # a resource, whatever the caller waits on
+            self.values = _table(prefix + "/values", tf.int64, options.dtype, [options.dim])
+            self.meta = _table(prefix + "/meta", tf.int64, tf.int64, [META_COLUMNS])
+            self.clock = _table(prefix + "/clock", tf.int64, tf.int64, [CLOCK_COLUMNS])
+        self.slots: Dict[str, tf.Tensor] = {}
+        self.slot_initial: Dict[str, float] = {}
+
+    def with_slots(self, slots: List[Tuple[str, float]]) -> None:
+        with tf.control_dependencies(None), tf.device(self.device):
+            for slot, initial in slots:
+                if slot not in self.slots:
+                    self.slots[slot] = _table(f"{self._prefix}/slot_{slot}", tf.int64, self.options.dtype,
+                                              [self.options.dim])
+                    self.slot_initial[slot] = initial
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def read(self, ids: tf.Tensor) -> tf.Tensor:
+        """[len(ids), dim]: a live id's row; an id not admitted yet reads its initial row when
+        admission is on first use (admit_after 1), else zeros."""
+        opts = self.options
+        with tf.device(self.device):
+            live = _find(self.meta, ids, tf.constant([0, -1, 0], tf.int64))[:, 2] > 0
+            stored = _find(self.values, ids, tf.zeros([opts.dim], opts.dtype))
+            fresh = self.initial_rows(ids) if opts.admit_after == 1 else tf.zeros_like(stored)
+            return tf.where(live[:, None], stored, fresh)
+
+    def initial_rows(self, ids):
+        opts = self.options
+        return opts.initializer.rows(ids, opts.dim, opts.seed, opts.dtype)
+
+    def counters(self) -> tf.Tensor:
+        """int64 [4]: live rows, boundaries so far, rows admitted, rows evicted."""
+        with tf.device(self.device):
+            clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
+            rows = tf.raw_ops.LookupTableSizeV2(table_handle=self.values)
+            return tf.concat([[rows], clock], 0)
+
+    # ---- the step boundary -----------------------------------------------------------------------
+    def boundary(self, ids, grads, counts, rule) -> tf.Operation:
+        """The step's end for this shard: `ids` (distinct), their gradients summed over the
+        ranks and their occurrences in the global batch. Live rows (and, with admission on first
+        use, new ones from their initial row) take the optimizer's step; an id whose occurrences
+        reach admit_after is admitted; then rows unseen for evict_after_steps steps, and the
+        least recently seen beyond capacity, leave."""
+        opts = self.options
+        self.with_slots(rule.slots)
+        with tf.device(self.device):
+            clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
+            step = clock[0]
+            meta = _find(self.meta, ids, tf.constant([0, -1, 0], tf.int64))
+            live = meta[:, 2] > 0
+            seen = meta[:, 0] + counts
+            trained = tf.ones_like(live) if opts.admit_after == 1 else live
+            admitted = tf.logical_and(tf.logical_not(live), seen >= opts.admit_after)
+            writes = [self._train(tf.boolean_mask(ids, trained), tf.boolean_mask(grads, trained),
+                                  tf.boolean_mask(live, trained), rule, step)]
+            if opts.admit_after > 1:        # admitted now, from the initial row, without this step's gradient
+                fresh = tf.boolean_mask(ids, admitted)
+                writes.append(self._write(fresh, self.initial_rows(fresh),
+                                          {s: self._slot_start(s, fresh) for s in self.slots}))
+            now_live = tf.cast(tf.logical_or(live, admitted), tf.int64)
+            writes.append(_insert(self.meta, ids, tf.stack([seen, tf.fill(tf.shape(seen), step), now_live], 1)))
+            with tf.control_dependencies(writes):
+                evicted = self._evict(step)
+            with tf.control_dependencies([evicted]):
+                new_clock = tf.stack([step + 1, clock[1] + tf.reduce_sum(tf.cast(admitted, tf.int64)),
+                                      clock[2] + evicted])
+                return _insert(self.clock, tf.zeros([1], tf.int64), new_clock[None, :])
+
+    def _train(self, ids, grads, live, rule, step) -> tf.Operation:
+        rows = tf.where(live[:, None], _find(self.values, ids, tf.zeros([self.options.dim], self.options.dtype)),
+                        self.initial_rows(ids))
+        slots = {s: tf.where(live[:, None], _find(t, ids, tf.zeros([self.options.dim], self.options.dtype)),
+                             self._slot_start(s, ids)) for s, t in self.slots.items()}
+        rows, slots = rule.apply(rows, slots, grads, step)
+        return self._write(ids, rows, slots)
+
+    def _slot_start(self, slot, ids):
+        return tf.fill(tf.stack([tf.size(ids), self.options.dim]),
+                       tf.constant(self.slot_initial[slot], self.options.dtype))
+
+    def _write(self, ids, rows, slots) -> tf.Operation:
+        return tf.group(_insert(self.values, ids, rows), *[_insert(self.slots[s], ids, v) for s, v in slots.items()])
+
+    def _evict(self, step) -> tf.Tensor:
+        """Removes rows unseen for evict_after_steps steps, then the least recently seen (ties:
+        lower id first) beyond capacity, live rows and ids waiting for admission counted apart;
+        returns how many live rows left."""
+        opts = self.options
+        gone_live = []
+        if opts.evict_after_steps is not None:
+            keys, meta = _export(self.meta, tf.int64, tf.int64)
+            stale = meta[:, 1] <= step - opts.evict_after_steps
+            removed = self._remove(tf.boolean_mask(keys, stale))
+            gone_live.append(tf.reduce_sum(tf.cast(tf.logical_and(stale, meta[:, 2] > 0), tf.int64)))
+            deps = [removed]
+        else:
+            deps = []
+        if opts.capacity is not None:
+            with tf.control_dependencies(deps):
+                keys, meta = _export(self.meta, tf.int64, tf.int64)
+            live = meta[:, 2] > 0
+            over = []
+            for group in (live, tf.logical_not(live)):
+                group_keys, last_seen = tf.boolean_mask(keys, group), tf.boolean_mask(meta[:, 1], group)
+                excess = tf.maximum(tf.size(group_keys) - opts.capacity, 0)
+                over.append(_least_recent(group_keys, last_seen)[:excess])
+            deps = [self._remove(tf.concat(over, 0))]
+            gone_live.append(tf.cast(tf.size(over[0]), tf.int64))
+        with tf.control_dependencies(deps):
+            return tf.add_n(gone_live) if gone_live else tf.constant(0, tf.int64)
+
+    def _remove(self, keys) -> tf.Operation:
+        return tf.group(_remove(self.values, keys), _remove(self.meta, keys),
+                        *[_remove(t, keys) for t in self.slots.values()])
+
+    # ---- whole contents (checkpoints, results) ----------------------------------------------------
+    def export(self) -> Dict[str, tf.Tensor]:
+        """Live rows (ids, values, slots aligned with them) and every tracked id's counters."""
+        opts = self.options
+        with tf.device(self.device):
+            row_ids, values = _export(self.values, tf.int64, opts.dtype)
+            out = {"ids": row_ids, "values": values}
+            for slot, table in self.slots.items():
+                out[slot] = _find(table, row_ids, tf.zeros([opts.dim], opts.dtype))
+            seen_ids, meta = _export(self.meta, tf.int64, tf.int64)
+            out.update(seen_ids=seen_ids, counts=meta[:, 0], last_seen=meta[:, 1])
+            out["clock"] = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
+            return out
+
+    def load(self, parts: Dict[str, tf.Tensor]) -> tf.Operation:
+        """Replaces the shard's contents with `parts` (export's keys, this shard's ids only; the
+        clock as it was saved)."""
+        with tf.device(self.device):
+            live = tf.cast(_contains(parts["seen_ids"], parts["ids"]), tf.int64)
+            ops = [_import(self.values, parts["ids"], parts["values"]),
+                   _import(self.meta, parts["seen_ids"], tf.stack([parts["counts"], parts["last_seen"], live], 1)),
+                   _import(self.clock, tf.zeros([1], tf.int64), parts["clock"][None, :])]
+            ops += [_import(table, parts["ids"], parts[slot]) for slot, table in self.slots.items()]
+            return tf.group(*ops)
+
+
+def _least_recent(keys, last_seen):
+    """`keys` ordered least recently seen first, ties by lower id."""
+    by_id = tf.argsort(keys, stable=True)
+    by_seen = tf.argsort(tf.gather(last_seen, by_id), stable=True)
+    return tf.gather(tf.gather(keys, by_id), by_seen)
+
+
+def _contains(candidates, members):
+    """Per candidate, whether it is among `members`."""
+    sorted_members = tf.sort(members)
+    at = tf.searchsorted(sorted_members, candidates)
+    padded = tf.concat([sorted_members, tf.zeros([1], sorted_members.dtype)], 0)
+    return tf.logical_and(at < tf.size(members), tf.equal(tf.gather(padded, at), candidates))

@@ -1,0 +1,230 @@
+"""`DynamicEmbedding`: an embedding over arbitrary int64 (or string) ids with no vocabulary size.
+
+A table is declared inside model_fn like any layer. Each lookup reads the distinct ids of its
+batch from the shards that own them (one shard in a single process; one per parameter-server
+host under parallax_tf.run) and records what it read, so that the step can train exactly those
+rows: `step` in a single process, the synchronous step's dynamic-table part under run
+(rewriters/shared/dynamic_step.py)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+import zlib
+from typing import Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from parallax_tf.dynamic import ids as id_lib
+from parallax_tf.dynamic.rules import rule_for
+from parallax_tf.dynamic.store import Shard, TableOptions
+from parallax_tf.errors import ModelError
+
+TABLES = "parallax_dynamic_tables"      # graph collections: the tables, and every lookup of them
+LOOKUPS = "parallax_dynamic_lookups"
+COMBINERS = ("sum", "mean", "sqrtn")
+_SHARD_DEVICES: List[Optional[str]] = [None]    # where the tables built now put their shards
+
+
+@contextlib.contextmanager
+def sharded_over(devices: Sequence[str]):
+    """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host)."""
+    global _SHARD_DEVICES
+    before, _SHARD_DEVICES = _SHARD_DEVICES, list(devices)
+    try:
+        yield
+    finally:
+        _SHARD_DEVICES = before
+
+
+@dataclasses.dataclass
+class Lookup:
+    """One lookup's read: its distinct ids, their rows (what the gradient is taken against) and
+    how often each occurs in the batch."""
+    table: "DynamicEmbedding"
+    ids: tf.Tensor
+    rows: tf.Tensor
+    counts: tf.Tensor
+
+
+class DynamicEmbedding:
+    """An embedding table whose rows exist for the ids seen, not for a vocabulary.
+
+    - `initializer`: a parallax_tf.dynamic RowInitializer (`uniform`, `normal`, `constant`) or a
+      number; None: uniform with variance 1/dim. A row's initial value depends on its id and the
+      table's seed alone, so it is the same whichever rank first meets the id.
+    - `admit_after` k: an id gets a row once it has occurred k times (k = 1: on first use). Until
+      then it reads zeros and its gradient is dropped.
+    - `evict_after_steps` T: a row (and an id's count) unseen for T steps is dropped.
+    - `capacity` C: at most C rows; beyond it the least recently seen go first (ties: lower id).
+    - `optimizer`: the tf.compat.v1.train optimizer whose rule trains the rows (None: the
+      model's own). Its slots are kept per row, beside the row.
+    Everything that changes the table happens at the end of a step, after the step's gradients
+    are summed over every rank; lookups within a step read the table as the last step left it."""
+
+    def __init__(self, name: str, dim: int, initializer=None, admit_after: int = 1,
+                 evict_after_steps: Optional[int] = None, capacity: Optional[int] = None, optimizer=None,
+                 dtype=tf.float32, seed: Optional[int] = None):
+        _check(name, dim, admit_after, evict_after_steps, capacity)
+        graph = tf.compat.v1.get_default_graph()
+        if any(t.name == name for t in graph.get_collection(TABLES)):
+            raise ModelError(f"two dynamic tables are named {name!r}; give each DynamicEmbedding its own name")
+        self.name, self.dim, self.optimizer = name, dim, optimizer
+        self.options = TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=_initializer(initializer),
+                                    seed=zlib.crc32(name.encode()) if seed is None else int(seed),
+                                    admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
+        self.shards = [Shard(name, i, device, self.options) for i, device in enumerate(_SHARD_DEVICES)]
+        graph.add_to_collection(TABLES, self)
+
+    def lookup(self, ids, name: Optional[str] = None) -> tf.Tensor:
+        """ids.shape + [dim] rows for an int32/int64 or string tensor of any shape."""
+        with tf.name_scope(name or f"{self.name}_lookup"):
+            ids = id_lib.as_int64(ids)
+            rows, position = self._read(tf.reshape(ids, [-1]))
+            found = tf.gather(rows, position)
+            return tf.reshape(found, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+    def lookup_sparse(self, sp_ids: tf.SparseTensor, combiner: str = "mean", name: Optional[str] = None):
+        """[rows of sp_ids, dim]: each row's ids combined as tf.nn.embedding_lookup_sparse does
+        ("sum", "mean", "sqrtn"); a row without ids gives zeros."""
+        if combiner not in COMBINERS:
+            raise ModelError(f"lookup_sparse(combiner={combiner!r}): use one of {', '.join(COMBINERS)}")
+        if not isinstance(sp_ids, tf.SparseTensor):
+            raise ModelError(f"lookup_sparse takes a tf.SparseTensor of ids, got {type(sp_ids).__name__}")
+        with tf.name_scope(name or f"{self.name}_lookup_sparse"):
+            rows, position = self._read(id_lib.as_int64(sp_ids.values))
+            found = tf.gather(rows, position)
+            segments, num = sp_ids.indices[:, 0], sp_ids.dense_shape[0]
+            total = tf.math.unsorted_segment_sum(found, segments, num)
+            if combiner == "sum":
+                return total
+            count = tf.math.unsorted_segment_sum(tf.ones_like(segments, found.dtype), segments, num)[:, None]
+            scale = count if combiner == "mean" else tf.sqrt(count)
+            return tf.math.divide_no_nan(total, scale)
+
+    def _read(self, flat_ids):
+        """The distinct ids' rows, and each id's position among them; recorded as a Lookup."""
+        distinct, position = tf.unique(flat_ids, out_idx=tf.int32)
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.int64), position, tf.size(distinct))
+        if len(self.shards) == 1:
+            rows = self.shards[0].read(distinct)
+        else:
+            owner = id_lib.owner(distinct, len(self.shards))
+            parts = tf.dynamic_partition(distinct, owner, len(self.shards))
+            where = tf.dynamic_partition(tf.range(tf.size(distinct)), owner, len(self.shards))
+            rows = tf.dynamic_stitch(where, [shard.read(part) for shard, part in zip(self.shards, parts)])
+        rows = tf.identity(rows, name="rows")
+        tf.compat.v1.add_to_collection(LOOKUPS, Lookup(self, distinct, rows, counts))
+        return rows, position
+
+    def rule(self, model_optimizer=None):
+        """The row rule this table trains with (its own optimizer, else the model's)."""
+        optimizer = self.optimizer if self.optimizer is not None else model_optimizer
+        if optimizer is None:
+            raise ModelError(f"dynamic table {self.name!r} has no optimizer: the model has several (or none "
+                             "that parallax_tf sees); pass DynamicEmbedding(..., optimizer=...)")
+        return rule_for(optimizer)
+
+    def describe(self) -> Dict[str, object]:
+        o = self.options
+        return {"name": self.name, "dim": self.dim, "dtype": o.dtype.name, "initializer": o.initializer.describe(),
+                "admit_after": o.admit_after, "evict_after_steps": o.evict_after_steps, "capacity": o.capacity}
+
+
+def model_optimizer(applies):
+    """The optimizer a table without its own trains with: the model's, when it has exactly one."""
+    optimizers = {id(a.optimizer): a.optimizer for a in applies}
+    return next(iter(optimizers.values())) if len(optimizers) == 1 else None
+
+
+def describe_tables(graph, applies) -> List[Dict[str, object]]:
+    """Each table of `graph` as plain data, with the rule it trains by (one ModelError for a
+    table whose optimizer has none)."""
+    optimizer = model_optimizer(applies)
+    return [dict(table.describe(), optimizer=table.rule(optimizer).optimizer) for table in tables(graph)]
+
+
+def tables(graph=None) -> List[DynamicEmbedding]:
+    return list((graph or tf.compat.v1.get_default_graph()).get_collection(TABLES))
+
+
+def lookups(graph=None) -> List[Lookup]:
+    return list((graph or tf.compat.v1.get_default_graph()).get_collection(LOOKUPS))
+
+
+@dataclasses.dataclass
+class StepRows:
+    """One table's share of a step on this rank: distinct ids, the loss's gradient for each, how
+    often each occurred, and the reads the step's end must follow."""
+    table: DynamicEmbedding
+    ids: tf.Tensor
+    grads: tf.Tensor
+    counts: tf.Tensor
+    reads: List[tf.Operation]
+
+
+def step_rows(loss) -> List[StepRows]:
+    """Per table, this graph's lookups of it merged: the gradient of `loss` for each distinct id
+    (ids whose lookups the loss does not reach have a zero gradient) and its occurrences."""
+    found = lookups(loss.graph)
+    grads = tf.gradients(loss, [look.rows for look in found]) if found else []
+    out = []
+    for table in tables(loss.graph):
+        mine = [(look, g) for look, g in zip(found, grads) if look.table is table]
+        if not mine:
+            continue
+        ids = tf.concat([look.ids for look, _ in mine], 0)
+        dense = [tf.zeros_like(look.rows) if g is None else tf.convert_to_tensor(g) for look, g in mine]
+        distinct, position = tf.unique(ids, out_idx=tf.int32)
+        n = tf.size(distinct)
+        out.append(StepRows(table, distinct, tf.math.unsorted_segment_sum(tf.concat(dense, 0), position, n),
+                            tf.math.unsorted_segment_sum(tf.concat([look.counts for look, _ in mine], 0),
+                                                         position, n),
+                            [look.rows.op for look, _ in mine]))
+    return out
+
+
+def partition(rows_ids, values: Sequence[tf.Tensor], shards: int):
+    """Splits `rows_ids` and tensors aligned with them by owning shard."""
+    if shards == 1:
+        return [[rows_ids, *values]]
+    owner = id_lib.owner(rows_ids, shards)
+    split = [tf.dynamic_partition(t, owner, shards) for t in (rows_ids, *values)]
+    return [list(parts) for parts in zip(*split)]
+
+
+def step(loss, optimizer=None) -> tf.Operation:
+    """A single process's training of every dynamic table of loss's graph by one step: each
+    table's optimizer applied to the rows the step read (a train op runs it beside its own:
+    `tf.group(opt.minimize(loss), ptf.dynamic.step(loss, opt))`)."""
+    ends = []
+    for rows in step_rows(loss):
+        rule = rows.table.rule(optimizer)
+        with tf.control_dependencies(rows.reads):
+            for shard, (ids, grads, counts) in zip(rows.table.shards, partition(
+                    rows.ids, [rows.grads, rows.counts], len(rows.table.shards))):
+                ends.append(shard.boundary(ids, grads, counts, rule))
+    return tf.group(*ends, name="parallax_dynamic_step")
+
+
+def _initializer(value) -> id_lib.RowInitializer:
+    if value is None:
+        return id_lib.uniform()
+    if isinstance(value, id_lib.RowInitializer):
+        return value
+    if isinstance(value, numbers.Real):
+        return id_lib.constant(float(value))
+    raise ModelError(f"DynamicEmbedding(initializer={value!r}): pass None, a number or a parallax_tf.dynamic "
+                     "initializer (uniform(scale), normal(stddev), constant(value)); a row's initial value must "
+                     "depend on its id alone")
+
+
+def _check(name, dim, admit_after, evict_after_steps, capacity) -> None:
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ModelError(f"DynamicEmbedding(name={name!r}): give a non-empty name without ':'")
+    for what, value, least in (("dim", dim, 1), ("admit_after", admit_after, 1)):
+        if not isinstance(value, numbers.Integral) or value < least:
+            raise ModelError(f"DynamicEmbedding({what}={value!r}): must be an integer >= {least}")
+    for what, value in (("evict_after_steps", evict_after_steps), ("capacity", capacity)):
+        if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
+            raise ModelError(f"DynamicEmbedding({what}={value!r}): must be None or an integer >= 1")
