@@ -40,7 +40,10 @@ def _table(shared_name: str, key_dtype, value_dtype, value_shape):
 
 
 def _find(table, keys, default):
-    return tf.raw_ops.LookupTableFindV2(table_handle=table, keys=keys, default_value=default)
+    """Rows for `keys` (vector): [len(keys)] + default's shape."""
+    found = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=keys, default_value=default)
+    found.set_shape(tf.TensorShape([None]).concatenate(default.shape))
+    return found
 
 
 def _insert(table, keys, values):
@@ -51,8 +54,11 @@ def _remove(table, keys):
     return tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=keys)
 
 
-def _export(table, key_dtype, value_dtype):
-    return tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=key_dtype, Tvalues=value_dtype)
+def _export(table, key_dtype, value_dtype, row_shape):
+    keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=key_dtype, Tvalues=value_dtype)
+    keys.set_shape([None])
+    values.set_shape([None] + list(row_shape))
+    return keys, values
 
 
 def _import(table, keys, values):
@@ -109,8 +115,7 @@ class Shard:
         """The step's end for this shard: `ids` (distinct), their gradients summed over the
         ranks and their occurrences in the global batch. Live rows (and, with admission on first
         use, new ones from their initial row) take the optimizer's step; an id whose occurrences
-        reach admit_after is admitted; then rows unseen for evict_after_steps steps, and the
-        least recently seen beyond capacity, leave."""
+        reach admit_after is admitted; then rows unseen for evict_after_steps steps leave."""
         opts = self.options
         self.with_slots(rule.slots)
         with tf.device(self.device):
@@ -152,47 +157,43 @@ class Shard:
         return tf.group(_insert(self.values, ids, rows), *[_insert(self.slots[s], ids, v) for s, v in slots.items()])
 
     def _evict(self, step) -> tf.Tensor:
-        """Removes rows unseen for evict_after_steps steps, then the least recently seen (ties:
-        lower id first) beyond capacity, live rows and ids waiting for admission counted apart;
-        returns how many live rows left."""
+        """Removes rows (and waiting ids) unseen for evict_after_steps steps; returns how many
+        live rows left. (Capacity spans the shards: `over_capacity`, after every shard's boundary.)"""
         opts = self.options
-        gone_live = []
-        if opts.evict_after_steps is not None:
-            keys, meta = _export(self.meta, tf.int64, tf.int64)
-            stale = meta[:, 1] <= step - opts.evict_after_steps
-            removed = self._remove(tf.boolean_mask(keys, stale))
-            gone_live.append(tf.reduce_sum(tf.cast(tf.logical_and(stale, meta[:, 2] > 0), tf.int64)))
-            deps = [removed]
-        else:
-            deps = []
-        if opts.capacity is not None:
-            with tf.control_dependencies(deps):
-                keys, meta = _export(self.meta, tf.int64, tf.int64)
-            live = meta[:, 2] > 0
-            over = []
-            for group in (live, tf.logical_not(live)):
-                group_keys, last_seen = tf.boolean_mask(keys, group), tf.boolean_mask(meta[:, 1], group)
-                excess = tf.maximum(tf.size(group_keys) - opts.capacity, 0)
-                over.append(_least_recent(group_keys, last_seen)[:excess])
-            deps = [self._remove(tf.concat(over, 0))]
-            gone_live.append(tf.cast(tf.size(over[0]), tf.int64))
-        with tf.control_dependencies(deps):
-            return tf.add_n(gone_live) if gone_live else tf.constant(0, tf.int64)
+        if opts.evict_after_steps is None:
+            return tf.constant(0, tf.int64)
+        keys, meta = _export(self.meta, tf.int64, tf.int64, [META_COLUMNS])
+        stale = meta[:, 1] <= step - opts.evict_after_steps
+        with tf.control_dependencies([self.remove(tf.boolean_mask(keys, stale))]):
+            return tf.reduce_sum(tf.cast(tf.logical_and(stale, meta[:, 2] > 0), tf.int64))
 
-    def _remove(self, keys) -> tf.Operation:
-        return tf.group(_remove(self.values, keys), _remove(self.meta, keys),
-                        *[_remove(t, keys) for t in self.slots.values()])
+    def tracked(self):
+        """(ids, last step seen, live) of every id the shard tracks."""
+        with tf.device(self.device):
+            keys, meta = _export(self.meta, tf.int64, tf.int64, [META_COLUMNS])
+            return keys, meta[:, 1], meta[:, 2] > 0
+
+    def count_evicted(self, evicted) -> tf.Operation:
+        """Adds `evicted` live rows to the clock's count."""
+        with tf.device(self.device):
+            clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))
+            return _insert(self.clock, tf.zeros([1], tf.int64), clock + tf.stack([0, 0, evicted])[None, :])
+
+    def remove(self, keys) -> tf.Operation:
+        with tf.device(self.device):
+            return tf.group(_remove(self.values, keys), _remove(self.meta, keys),
+                            *[_remove(t, keys) for t in self.slots.values()])
 
     # ---- whole contents (checkpoints, results) ----------------------------------------------------
     def export(self) -> Dict[str, tf.Tensor]:
         """Live rows (ids, values, slots aligned with them) and every tracked id's counters."""
         opts = self.options
         with tf.device(self.device):
-            row_ids, values = _export(self.values, tf.int64, opts.dtype)
+            row_ids, values = _export(self.values, tf.int64, opts.dtype, [opts.dim])
             out = {"ids": row_ids, "values": values}
             for slot, table in self.slots.items():
                 out[slot] = _find(table, row_ids, tf.zeros([opts.dim], opts.dtype))
-            seen_ids, meta = _export(self.meta, tf.int64, tf.int64)
+            seen_ids, meta = _export(self.meta, tf.int64, tf.int64, [META_COLUMNS])
             out.update(seen_ids=seen_ids, counts=meta[:, 0], last_seen=meta[:, 1])
             out["clock"] = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
             return out
@@ -207,6 +208,36 @@ class Shard:
                    _import(self.clock, tf.zeros([1], tf.int64), parts["clock"][None, :])]
             ops += [_import(table, parts["ids"], parts[slot]) for slot, table in self.slots.items()]
             return tf.group(*ops)
+
+
+def over_capacity(shards: List[Shard], capacity: int, after) -> tf.Operation:
+    """Once `after` ran (every shard's boundary), removes the least recently seen rows (ties:
+    lower id first) beyond `capacity` over all shards together, and as many ids waiting for
+    admission beyond it, so that a table holds what it would in one process."""
+    with tf.control_dependencies(after):
+        tracked = [shard.tracked() for shard in shards]
+    keys = tf.concat([t[0] for t in tracked], 0)
+    last_seen = tf.concat([t[1] for t in tracked], 0)
+    live = tf.concat([t[2] for t in tracked], 0)
+    over, live_over = [], None
+    for group in (live, tf.logical_not(live)):
+        group_keys = tf.boolean_mask(keys, group)
+        excess = tf.maximum(tf.size(group_keys) - capacity, 0)
+        dropped = _least_recent(group_keys, tf.boolean_mask(last_seen, group))[:excess]
+        live_over = dropped if live_over is None else live_over
+        over.append(dropped)
+    dropped = tf.concat(over, 0)
+    ops = []
+    for index, (shard, mine) in enumerate(zip(shards, _by_owner(dropped, len(shards)))):
+        removed = shard.remove(mine)
+        with tf.control_dependencies([removed]):
+            live_mine = tf.reduce_sum(tf.cast(tf.equal(id_lib.owner(live_over, len(shards)), index), tf.int64))
+            ops.append(shard.count_evicted(live_mine))
+    return tf.group(*ops)
+
+
+def _by_owner(keys, count: int):
+    return tf.dynamic_partition(keys, id_lib.owner(keys, count), count) if count > 1 else [keys]
 
 
 def _least_recent(keys, last_seen):

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic.rules import rule_for
-from parallax_tf.dynamic.store import Shard, TableOptions
+from parallax_tf.dynamic.store import Shard, TableOptions, over_capacity
 from parallax_tf.errors import ModelError
 
 TABLES = "parallax_dynamic_tables"      # graph collections: the tables, and every lookup of them
@@ -125,6 +125,12 @@ class DynamicEmbedding:
                              "that parallax_tf sees); pass DynamicEmbedding(..., optimizer=...)")
         return rule_for(optimizer)
 
+    def end_step(self, boundaries: List[tf.Operation]) -> tf.Operation:
+        """What follows every shard's boundary of a step: the capacity, over all shards."""
+        if self.options.capacity is None:
+            return tf.group(*boundaries)
+        return over_capacity(self.shards, self.options.capacity, boundaries)
+
     def describe(self) -> Dict[str, object]:
         o = self.options
         return {"name": self.name, "dim": self.dim, "dtype": o.dtype.name, "initializer": o.initializer.describe(),
@@ -201,9 +207,9 @@ def step(loss, optimizer=None) -> tf.Operation:
     for rows in step_rows(loss):
         rule = rows.table.rule(optimizer)
         with tf.control_dependencies(rows.reads):
-            for shard, (ids, grads, counts) in zip(rows.table.shards, partition(
-                    rows.ids, [rows.grads, rows.counts], len(rows.table.shards))):
-                ends.append(shard.boundary(ids, grads, counts, rule))
+            boundaries = [shard.boundary(ids, grads, counts, rule) for shard, (ids, grads, counts) in zip(
+                rows.table.shards, partition(rows.ids, [rows.grads, rows.counts], len(rows.table.shards)))]
+        ends.append(rows.table.end_step(boundaries))
     return tf.group(*ends, name="parallax_dynamic_step")
 
 

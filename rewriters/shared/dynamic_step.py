@@ -31,6 +31,7 @@ class DynamicTablesStep:
             parts = table_lib.partition(rows.ids, [rows.grads, rows.counts], len(table.shards))
             for shard in table.shards:      # every rank knows the slots: its results and checkpoints read them
                 shard.with_slots(rule.slots)
+            boundaries = []
             for shard, (ids, grads, counts) in zip(table.shards, parts):
                 payload = tf.concat([grads, tf.cast(counts, grads.dtype)[:, None]], 1)
                 accumulator = _accumulator(shard, table.dim + 1, grads.dtype)
@@ -44,11 +45,15 @@ class DynamicTablesStep:
                     continue
                 with tf.device(shard.device), tf.control_dependencies([push]):
                     taken = accumulator.take_indexed_slices_grad(size)
+                    taken.indices.set_shape([None])
+                    taken.values.set_shape([None, table.dim + 1])
                     distinct, position = tf.unique(taken.indices, out_idx=tf.int32)
                     summed = tf.math.unsorted_segment_sum(taken.values, position, tf.size(distinct))
                     mean = summed[:, :-1] / tf.cast(size, summed.dtype)
                     occurrences = tf.cast(tf.round(summed[:, -1]), tf.int64)
-                    self.boundaries.append(shard.boundary(distinct, mean, occurrences, rule))
+                    boundaries.append(shard.boundary(distinct, mean, occurrences, rule))
+            if self.topo.is_chief:
+                self.boundaries.append(table.end_step(boundaries))
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
         self.lower_bound: list = []
 
