@@ -29,15 +29,15 @@ def rule_for(optimizer) -> RowRule:
     kind = type(optimizer).__name__
     train = tf.compat.v1.train
     if isinstance(optimizer, train.MomentumOptimizer):
-        return _momentum(optimizer)
+        return _momentum_rule(optimizer)
     if isinstance(optimizer, train.AdagradOptimizer):
-        return _adagrad(optimizer)
+        return _adagrad_rule(optimizer)
     if isinstance(optimizer, train.AdamOptimizer):
-        return _adam(optimizer)
+        return _adam_rule(optimizer)
     if isinstance(optimizer, train.FtrlOptimizer):
-        return _ftrl(optimizer)
+        return _ftrl_rule(optimizer)
     if isinstance(optimizer, train.GradientDescentOptimizer):
-        return _sgd(optimizer)
+        return _sgd_rule(optimizer)
     raise ModelError(f"a dynamic embedding table cannot train with {kind}: its rows train with one of "
                      f"tf.compat.v1.train's {', '.join(SUPPORTED)} (pass one as Model(optimizer=...) or "
                      "DynamicEmbedding(..., optimizer=...))")
@@ -47,13 +47,13 @@ def _value(optimizer, value, dtype):
     return tf.cast(tf_shim.call_if_callable(optimizer, value), dtype)
 
 
-def _sgd(optimizer) -> RowRule:
+def _sgd_rule(optimizer) -> RowRule:
     def apply(rows, slots, grads, step):
         return rows - _value(optimizer, tf_shim.learning_rate(optimizer), rows.dtype) * grads, {}
     return RowRule("sgd", [], apply)
 
 
-def _momentum(optimizer) -> RowRule:
+def _momentum_rule(optimizer) -> RowRule:
     lr, momentum, nesterov = tf_shim.momentum_hyper_parameters(optimizer)
 
     def apply(rows, slots, grads, step):
@@ -64,7 +64,7 @@ def _momentum(optimizer) -> RowRule:
     return RowRule("momentum", [("momentum", 0.0)], apply)
 
 
-def _adagrad(optimizer) -> RowRule:
+def _adagrad_rule(optimizer) -> RowRule:
     lr, initial = tf_shim.adagrad_hyper_parameters(optimizer)
 
     def apply(rows, slots, grads, step):
@@ -73,7 +73,7 @@ def _adagrad(optimizer) -> RowRule:
     return RowRule("adagrad", [("accumulator", float(initial))], apply)
 
 
-def _adam(optimizer) -> RowRule:
+def _adam_rule(optimizer) -> RowRule:
     lr, beta1, beta2, epsilon = tf_shim.adam_hyper_parameters(optimizer)
 
     def apply(rows, slots, grads, step):
@@ -89,7 +89,7 @@ def _adam(optimizer) -> RowRule:
     return RowRule("adam", [("m", 0.0), ("v", 0.0)], apply)
 
 
-def _ftrl(optimizer) -> RowRule:
+def _ftrl_rule(optimizer) -> RowRule:
     hyper = tf_shim.ftrl_hyper_parameters(optimizer)
 
     def apply(rows, slots, grads, step):

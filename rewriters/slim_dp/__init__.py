@@ -41,7 +41,6 @@ ROUTE_SIGNIFICANT = routes.register(Significant()).name
 class SlimDP(strategy.Strategy):
     name = "slim_dp"
     Options = SlimOptions
-    carries_dynamic_tables = True
 
     def check(self, options):
         options.check()

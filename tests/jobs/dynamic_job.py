@@ -19,6 +19,9 @@ flags.DEFINE_bool("strings", False, "string ids")
 flags.DEFINE_string("name", "run", "the result file's name")
 flags.DEFINE_string("out", None, "directory for the per-rank results")
 flags.DEFINE_string("runs", None, "runs made one after another (tests/jobs/several_runs.py)")
+flags.DEFINE_integer("die_at_step", -1, "rank --die_rank kills itself (SIGKILL) when it reaches this step, once (a "
+                     "died_at stamp in --out)")
+flags.DEFINE_integer("die_rank", 0, "which rank --die_at_step kills")
 FLAGS = flags.FLAGS
 
 
@@ -28,7 +31,12 @@ def main(argv):
 
 
 def train():
+    stamp = os.path.join(FLAGS.out, "died_at")
+
     def input_fn(ctx):
+        if ctx.rank == FLAGS.die_rank and ctx.step == FLAGS.die_at_step and not os.path.exists(stamp):
+            open(stamp, "w").close()
+            os.kill(os.getpid(), 9)
         feed = dynamic_models.batch(ctx.rank, ctx.step, FLAGS.strings)
         return feed
     model_fn = dynamic_models.model_fn(FLAGS.optimizer, FLAGS.strings, **json.loads(FLAGS.table))
@@ -37,7 +45,8 @@ def train():
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     np.savez(os.path.join(FLAGS.out, f"{FLAGS.name}.rank{rank}.npz"), losses=np.array(result.losses),
              mean_losses=np.array(result.mean_losses), global_step=result.global_step,
-             start_step=result.start_step, plan=result.plan.table(), **arrays)
+             start_step=result.start_step, plan=result.plan.table(), checkpoint=str(result.checkpoint),
+             extras=repr(result.extras), **arrays)
 
 
 if __name__ == "__main__":

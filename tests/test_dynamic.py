@@ -1,0 +1,199 @@
+"""Dynamic embedding tables in one process (no ranks): the row rules against TensorFlow's own
+optimizers on a fixed table, admission, eviction and capacity against a reference written here,
+sparse lookups, string ids, bounded memory, and the messages for a user's mistakes."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax_tf as ptf
+from parallax_tf import dynamic
+from parallax_tf.dynamic.state import DynamicState
+from parallax_tf.errors import ConfigError, ModelError
+from tests import dynamic_models
+
+N, DIM = 40, 4
+
+
+def _train(ids_per_step, optimizer, fixed: bool, **table_options):
+    """Trains sum-of-rows regression on [batch, 3] id batches: (losses, ids, rows, state)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 3])
+        table = dynamic.DynamicEmbedding("emb", DIM, **table_options)
+        if fixed:
+            with tf.compat.v1.Session() as sess:
+                start = sess.run(table.shards[0].initial_rows(tf.range(N, dtype=tf.int64)))
+            weights = tf.compat.v1.get_variable("fixed", initializer=start)
+            rows = tf.nn.embedding_lookup(weights, ids)
+        else:
+            rows = table.lookup(ids)
+        target = tf.cast(tf.reduce_sum(ids % 3, 1), tf.float32)
+        loss = tf.reduce_mean(tf.square(tf.reduce_sum(rows, [1, 2]) - target))
+        opt = dynamic_models.OPTIMIZERS[optimizer]()
+        train = opt.minimize(loss) if fixed else dynamic.step(loss, opt)
+        state = DynamicState([table])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            losses = [sess.run([loss, train], {ids: batch})[0] for batch in ids_per_step]
+            if fixed:
+                used = np.unique(np.concatenate([b.ravel() for b in ids_per_step]))
+                return np.array(losses), used, sess.run(weights)[used], None
+            arrays = state.read(sess)
+            return np.array(losses), arrays["emb/ids"], arrays["emb/values"], arrays
+
+
+def _batches(steps=6, seed=0, high=N):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(0, high, size=(5, 3)) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adagrad", "ftrl"])
+def test_a_dynamic_table_trains_as_a_fixed_table_initialised_by_the_same_rule(optimizer):
+    batches = _batches()
+    got_losses, got_ids, got_rows, state = _train(batches, optimizer, fixed=False)
+    want_losses, want_ids, want_rows, _ = _train(batches, optimizer, fixed=True)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_rows, want_rows, rtol=0, atol=1e-5)
+    assert state["emb/clock"].tolist() == [len(batches), len(want_ids), 0]
+
+
+def _bookkeeping(ids_per_step, admit_after=1, evict_after=None, capacity=None):
+    """The table's rules in plain Python: (live ids, {id: count}, {id: last seen step}, admitted,
+    evicted)."""
+    count, last, live, admitted, evicted = {}, {}, set(), 0, 0
+    for step, batch in enumerate(ids_per_step):
+        for i in batch.ravel().tolist():
+            count[i] = count.get(i, 0) + 1
+        for i in set(batch.ravel().tolist()):
+            last[i] = step
+            if i not in live and count[i] >= admit_after:
+                live.add(i)
+                admitted += 1
+        if evict_after is not None:
+            for i in [i for i in last if last[i] <= step - evict_after]:
+                evicted += i in live
+                live.discard(i), count.pop(i), last.pop(i)
+        if capacity is not None:
+            for group in (sorted(live), sorted(set(last) - live)):
+                ranked = sorted(group, key=lambda i: (last[i], i))
+                for i in ranked[:max(0, len(ranked) - capacity)]:
+                    evicted += i in live
+                    live.discard(i), count.pop(i), last.pop(i)
+    return live, count, last, admitted, evicted
+
+
+@pytest.mark.parametrize("options", [dict(admit_after=2), dict(evict_after_steps=3),
+                                     dict(admit_after=2, evict_after_steps=3), dict(capacity=9),
+                                     dict(admit_after=3, capacity=5, evict_after_steps=4)])
+def test_admission_eviction_and_capacity_follow_their_rules(options):
+    batches = _batches(steps=10, seed=1)
+    _, ids, rows, state = _train(batches, "adagrad", fixed=False, **options)
+    live, count, last, admitted, evicted = _bookkeeping(
+        batches, options.get("admit_after", 1), options.get("evict_after_steps"), options.get("capacity"))
+    assert ids.tolist() == sorted(live)
+    assert state["emb/seen_ids"].tolist() == sorted(count)
+    assert state["emb/counts"].tolist() == [count[i] for i in sorted(count)]
+    assert state["emb/last_seen"].tolist() == [last[i] for i in sorted(count)]
+    assert state["emb/clock"].tolist() == [len(batches), admitted, evicted]
+    assert state["emb/accumulator"].shape == rows.shape
+
+
+def test_an_id_waiting_for_admission_reads_zeros_and_its_gradient_is_dropped():
+    batches = [np.array([[5, 6, 6]]), np.array([[5, 7, 7]]), np.array([[5, 6, 8]])]
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 3])
+        table = dynamic.DynamicEmbedding("emb", DIM, admit_after=2, initializer=dynamic.constant(1.0))
+        rows = table.lookup(ids)
+        loss = tf.reduce_sum(rows)
+        train = dynamic.step(loss, tf.compat.v1.train.GradientDescentOptimizer(0.5))
+        with tf.compat.v1.Session() as sess:
+            read = [sess.run([rows, train], {ids: b})[0][0, :, 0].tolist() for b in batches]
+    # step 0: nothing admitted (6 reached 2 occurrences there: admitted at its end, no gradient);
+    # step 1: 6 is live (its initial row 1.0), 5 reaches 2 and is admitted; step 2: 5 and 6 live,
+    # neither trained yet by a step in which it was live
+    assert read == [[0, 0, 0], [0, 0, 0], [1.0, 1.0, 0]]
+
+
+def test_lookup_sparse_combines_as_embedding_lookup_sparse():
+    sparse = tf.compat.v1.SparseTensorValue(indices=[[0, 0], [0, 1], [1, 0], [3, 0], [3, 1], [3, 2]],
+                                           values=[3, 9, 3, 1, 1, 7], dense_shape=[4, 3])
+    for combiner in ("sum", "mean", "sqrtn"):
+        graph = tf.Graph()
+        with graph.as_default():
+            sp = tf.compat.v1.sparse_placeholder(tf.int64)
+            table = dynamic.DynamicEmbedding("emb", DIM)
+            got = table.lookup_sparse(sp, combiner)
+            weights = table.shards[0].initial_rows(tf.range(10, dtype=tf.int64))
+            want = tf.nn.embedding_lookup_sparse(weights, sp, None, combiner=combiner)
+            with tf.compat.v1.Session() as sess:
+                got_v, want_v = sess.run([got, want], {sp: sparse})
+        assert got_v.shape == (4, DIM)
+        np.testing.assert_allclose(got_v[[0, 1, 3]], want_v[[0, 1, 3]], rtol=1e-6)
+        np.testing.assert_array_equal(got_v[2], np.zeros(DIM))     # a row without ids
+
+
+def test_string_ids_are_their_fingerprints_and_initial_rows_depend_on_the_id_alone():
+    graph = tf.Graph()
+    with graph.as_default():
+        words = tf.constant([["red", "blue"], ["blue", "green"]])
+        hashed = dynamic.as_int64(words)
+        table = dynamic.DynamicEmbedding("words", DIM, seed=11)
+        by_string, by_id = table.lookup(words), table.lookup(hashed)
+        alone = table.lookup(tf.reshape(hashed[1, 1], [1]))
+        two_shards = dynamic.DynamicEmbedding("other", DIM, seed=11)
+        with tf.compat.v1.Session() as sess:
+            h, s, i, a = sess.run([hashed, by_string, by_id, alone])
+            want = sess.run(tf.strings.to_hash_bucket_fast(words, 2 ** 63 - 1))
+    np.testing.assert_array_equal(h, want)
+    np.testing.assert_array_equal(s, i)
+    np.testing.assert_array_equal(a[0], s[1, 1])      # the same row, read alone or in a batch
+    assert s.std() > 0.1 and np.abs(s).max() <= np.sqrt(3.0 / DIM)
+
+
+def test_ids_from_a_huge_range_train_in_bounded_memory():
+    rng = np.random.RandomState(3)
+    batches = [rng.randint(0, 2 ** 62, size=(16, 3), dtype=np.int64) for _ in range(40)]   # every id new
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 3])
+        table = dynamic.DynamicEmbedding("emb", DIM, capacity=64, evict_after_steps=2)
+        loss = tf.reduce_sum(tf.square(table.lookup(ids)))
+        train = dynamic.step(loss, tf.compat.v1.train.AdagradOptimizer(0.1))
+        rows, tracked = table.shards[0].counters()[0], tf.size(table.shards[0].tracked()[0])
+        with tf.compat.v1.Session() as sess:
+            sizes = [sess.run([train, rows, tracked], {ids: b})[1:] for b in batches]
+    assert max(r for r, _ in sizes) == 64 and max(t for _, t in sizes) == 64    # 96 new ids a step, 64 kept
+
+
+def test_mistakes_get_one_message_each():
+    with tf.Graph().as_default():
+        for kwargs, says in ((dict(name="a:b", dim=2), "without ':'"), (dict(name="a", dim=0), "dim=0"),
+                             (dict(name="a", dim=2, admit_after=0), "admit_after=0"),
+                             (dict(name="a", dim=2, capacity=-1), "capacity=-1"),
+                             (dict(name="a", dim=2, initializer="zeros"), "initializer='zeros'")):
+            with pytest.raises(ModelError, match=says):
+                dynamic.DynamicEmbedding(**kwargs)
+        table = dynamic.DynamicEmbedding("emb", 2)
+        with pytest.raises(ModelError, match="two dynamic tables are named 'emb'"):
+            dynamic.DynamicEmbedding("emb", 2)
+        with pytest.raises(ModelError, match="combiner='max'"):
+            table.lookup_sparse(tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1]), "max")
+        loss = tf.reduce_sum(table.lookup(tf.constant([1, 2], tf.int64)))
+        with pytest.raises(ModelError, match="cannot train with RMSPropOptimizer"):
+            dynamic.step(loss, tf.compat.v1.train.RMSPropOptimizer(0.1))
+
+
+def test_the_plan_shows_each_table_and_a_strategy_without_them_refuses():
+    model_fn = dynamic_models.model_fn("adagrad", admit_after=2, capacity=100)
+    result = ptf.run(model_fn, lambda ctx: dynamic_models.batch(0, 0), plan_only=True, strategy="hybrid", np=2,
+                     partitions=3, log_every=0)
+    (table,) = result.plan.dynamic_tables
+    assert (table.name, table.dim, table.shards, table.optimizer, table.admit_after, table.capacity) == \
+        ("emb", dynamic_models.DIM, 3, "adagrad", 2, 100)
+    assert "dynamic table emb: dim 3 float32, 3 shards by id, adagrad per row" in result.plan.table()
+    assert ptf.Plan.from_json(result.plan.to_json()).dynamic_tables == [table]
+    with pytest.raises(ConfigError, match="--strategy=stanza cannot train dynamic tables \\(emb\\); use one of"):
+        ptf.run(model_fn, lambda ctx: dynamic_models.batch(0, 0), plan_only=True, strategy="stanza", np=2,
+                log_every=0)
