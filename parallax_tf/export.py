@@ -21,7 +21,7 @@ from typing import Callable, Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import graph_walk
+from parallax_tf import dynamic, graph_walk
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ConfigError, ModelError, UserError
 from parallax_tf.inspect_graph import logical_name
@@ -45,7 +45,8 @@ def export_saved_model(model_fn: Callable, ckpt_dir: str, export_dir: str) -> st
         raise ConfigError(f"export_dir {export_dir} exists and is not empty; give a new directory")
     graph = tf.Graph()
     with graph.as_default():
-        model = call_model_fn(model_fn, RunContext(serving=True))
+        with dynamic.serving():          # dynamic tables read the checkpoint's live rows
+            model = call_model_fn(model_fn, RunContext(serving=True))
         outputs = _outputs(model)
         needed = set().union(*(graph_walk.ancestors(t) for t in outputs.values()))
         inputs = _inputs(outputs, needed)
@@ -130,7 +131,7 @@ def _check_checkpoint(checkpoint: str, variables) -> None:
                          "by another model_fn (or with other flags)")
     for variable in variables:
         name, shape = logical_name(variable), _saved_shape(variable)
-        if list(held[name]) != shape:
+        if not tf.TensorShape(shape).is_compatible_with(held[name]):     # a dynamic table's rows: any count
             raise ModelError(f"checkpoint {checkpoint} holds {name} as {list(held[name])} but model_fn builds "
                              f"{shape}: give the model the sizes (flags) it was trained with")
 

@@ -54,6 +54,15 @@ def model_fn(optimizer: str, strings: bool = False, **table_options):
     return build
 
 
+def exported_first_use():
+    """What `python -m parallax_tf export --model tests.dynamic_models:exported_first_use` serves."""
+    return model_fn("adagrad")
+
+
+def exported_admit_evict():
+    return model_fn("adagrad", admit_after=2, evict_after_steps=3)
+
+
 def single_process(optimizer: str, size: int, steps: int, strings: bool = False, **table_options):
     """Plain TensorFlow in this process on the global batches: (losses, the table's arrays,
     dense's value)."""

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from parallax_tf import dynamic
+from parallax_tf.dynamic.state import DynamicState
 from tests import dynamic_models, launch
 
 STEPS = 8
@@ -91,6 +93,61 @@ def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():
     for key, want in arrays.items():
         np.testing.assert_allclose(got[f"var:{key}"], want, rtol=0, atol=1e-5, err_msg=key)
     np.testing.assert_allclose(got["var:dense"], dense, rtol=0, atol=1e-5)
+
+
+def _served(export_dir: str, feed: dict) -> np.ndarray:
+    """The exported model's predictions from a plain-TF subprocess that never imports parallax_tf
+    (tf.saved_model.load and a tf.compat.v1 loader, as TF Serving loads it)."""
+    from tests.test_export import _serve
+    served = _serve(export_dir, feed)
+    assert served["imported"].size == 0 and not [op for op in served["ops"] if op.startswith("Parallax")]
+    assert "MutableHashTableOfTensorsV2" not in served["ops"]
+    np.testing.assert_array_equal(served["tf2:predictions"], served["v1:predictions"])
+    return served["v1:predictions"]
+
+
+def _one_process_predictions(model_fn, checkpoint: str, feed: dict):
+    """model_fn in one process with its table holding the checkpoint's arrays and `dense`
+    restored: (predictions, dense, the initial rows of feed's ids)."""
+    values = {k: tf.train.load_variable(checkpoint, k) for k, _ in tf.train.list_variables(checkpoint)}
+    graph = tf.Graph()
+    with graph.as_default():
+        model = model_fn()
+        (table,) = dynamic.tables(graph)
+        state = DynamicState([table])
+        initial = table.shards[0].initial_rows(tf.constant(feed["ids"].ravel()))
+        dense = [v for v in tf.compat.v1.global_variables() if v.op.name == "dense"][0]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            state.load(sess, values)
+            dense.load(values["dense"], sess)
+            feeds = {graph.get_tensor_by_name(k + ":0"): v for k, v in feed.items()}
+            return sess.run(model.predictions, feeds), values["dense"], sess.run(initial)
+
+
+@pytest.mark.parametrize("name,table", [("first_use", {}), ("admit_evict", {"admit_after": 2, "evict_after_steps": 3})])
+def test_an_exported_table_serves_its_live_rows_and_what_training_reads_for_other_ids(name, table):
+    """Ids with a row, ids never seen and (with admission) ids seen but not admitted: the served
+    model answers as the trained model in one process; an id without a row reads its initial row
+    where ids are admitted on first use, zeros otherwise."""
+    out, ckpt = tempfile.mkdtemp(prefix="ptf-dynamic-"), tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")
+    _job(2, _runs([(name, "hybrid", "adagrad", table, [f"--ckpt_dir={ckpt}"])], out, steps=4), out)
+    checkpoint = tf.train.latest_checkpoint(ckpt)
+    live = tf.train.load_variable(checkpoint, "emb/ids")
+    waiting = sorted(set(tf.train.load_variable(checkpoint, "emb/seen_ids")) - set(live))
+    unseen = [3, 2 ** 61 + 5, 17]
+    assert not set(unseen) & set(tf.train.load_variable(checkpoint, "emb/seen_ids"))
+    ids = np.array([[live[0], live[-1], unseen[0]], [unseen[1], live[1], (waiting or unseen)[0]], unseen], np.int64)
+    export_dir = os.path.join(tempfile.mkdtemp(prefix="ptf-dynamic-export-"), "1")
+    proc = launch.run_ranks(1, ["-m", "parallax_tf", "export", f"--model=tests.dynamic_models:exported_{name}",
+                                f"--ckpt_dir={ckpt}", f"--export_dir={export_dir}"], launcher="python", timeout=300)
+    assert proc.returncode == 0, launch.tail(proc)
+    served = _served(export_dir, {"ids": ids})
+    want, dense, initial = _one_process_predictions(dynamic_models.model_fn("adagrad", **table), checkpoint,
+                                                    {"ids": ids})
+    np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+    only_unseen = initial[-3:].sum(0) @ dense[:, 0] if not table else 0.0
+    np.testing.assert_allclose(served[-1], only_unseen, rtol=0, atol=1e-6)
+    assert (not table) == (abs(served[-1]) > 1e-4)
 
 
 def test_a_killed_rank_holding_the_shards_restarts_and_the_tables_end_exactly():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import numbers
+import weakref
 import zlib
 from typing import Dict, List, Optional, Sequence
 
@@ -17,13 +18,16 @@ import tensorflow as tf
 
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic.rules import rule_for
+from parallax_tf.dynamic.served import ServedRows
 from parallax_tf.dynamic.store import Shard, TableOptions, over_capacity
 from parallax_tf.errors import ModelError
 
-TABLES = "parallax_dynamic_tables"      # graph collections: the tables, and every lookup of them
-LOOKUPS = "parallax_dynamic_lookups"
+# per graph, its tables and every lookup of them (not graph collections: a SavedModel would try
+# to write those into its MetaGraph)
+_IN_GRAPH: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, list]]" = weakref.WeakKeyDictionary()
 COMBINERS = ("sum", "mean", "sqrtn")
 _SHARD_DEVICES: List[Optional[str]] = [None]    # where the tables built now put their shards
+_SERVING = [False]                               # tables built now serve from a checkpoint's arrays
 
 
 @contextlib.contextmanager
@@ -35,6 +39,16 @@ def sharded_over(devices: Sequence[str]):
         yield
     finally:
         _SHARD_DEVICES = before
+
+
+@contextlib.contextmanager
+def serving():
+    """Tables declared inside read a checkpoint's live rows through standard ops (export)."""
+    before, _SERVING[0] = _SERVING[0], True
+    try:
+        yield
+    finally:
+        _SERVING[0] = before
 
 
 @dataclasses.dataclass
@@ -67,14 +81,16 @@ class DynamicEmbedding:
                  dtype=tf.float32, seed: Optional[int] = None):
         _check(name, dim, admit_after, evict_after_steps, capacity)
         graph = tf.compat.v1.get_default_graph()
-        if any(t.name == name for t in graph.get_collection(TABLES)):
+        if any(t.name == name for t in tables(graph)):
             raise ModelError(f"two dynamic tables are named {name!r}; give each DynamicEmbedding its own name")
         self.name, self.dim, self.optimizer = name, dim, optimizer
         self.options = TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=_initializer(initializer),
                                     seed=zlib.crc32(name.encode()) if seed is None else int(seed),
                                     admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
-        self.shards = [Shard(name, i, device, self.options) for i, device in enumerate(_SHARD_DEVICES)]
-        graph.add_to_collection(TABLES, self)
+        self.served = ServedRows(name, self.options) if _SERVING[0] else None
+        self.shards = [] if self.served else [Shard(name, i, device, self.options)
+                                               for i, device in enumerate(_SHARD_DEVICES)]
+        _registry(graph)["tables"].append(self)
 
     def lookup(self, ids, name: Optional[str] = None) -> tf.Tensor:
         """ids.shape + [dim] rows for an int32/int64 or string tensor of any shape."""
@@ -105,6 +121,8 @@ class DynamicEmbedding:
     def _read(self, flat_ids):
         """The distinct ids' rows, and each id's position among them; recorded as a Lookup."""
         distinct, position = tf.unique(flat_ids, out_idx=tf.int32)
+        if self.served is not None:
+            return self.served.read(distinct), position
         counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.int64), position, tf.size(distinct))
         if len(self.shards) == 1:
             rows = self.shards[0].read(distinct)
@@ -114,7 +132,7 @@ class DynamicEmbedding:
             where = tf.dynamic_partition(tf.range(tf.size(distinct)), owner, len(self.shards))
             rows = tf.dynamic_stitch(where, [shard.read(part) for shard, part in zip(self.shards, parts)])
         rows = tf.identity(rows, name="rows")
-        tf.compat.v1.add_to_collection(LOOKUPS, Lookup(self, distinct, rows, counts))
+        _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts))
         return rows, position
 
     def rule(self, model_optimizer=None):
@@ -150,12 +168,16 @@ def describe_tables(graph, applies) -> List[Dict[str, object]]:
     return [dict(table.describe(), optimizer=table.rule(optimizer).optimizer) for table in tables(graph)]
 
 
+def _registry(graph) -> Dict[str, list]:
+    return _IN_GRAPH.setdefault(graph, {"tables": [], "lookups": []})
+
+
 def tables(graph=None) -> List[DynamicEmbedding]:
-    return list((graph or tf.compat.v1.get_default_graph()).get_collection(TABLES))
+    return list(_registry(graph or tf.compat.v1.get_default_graph())["tables"])
 
 
 def lookups(graph=None) -> List[Lookup]:
-    return list((graph or tf.compat.v1.get_default_graph()).get_collection(LOOKUPS))
+    return list(_registry(graph or tf.compat.v1.get_default_graph())["lookups"])
 
 
 @dataclasses.dataclass
