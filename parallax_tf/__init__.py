@@ -22,9 +22,11 @@ with _quiet.tensorflow_import(_sys.argv):
     from parallax_tf.api import run  # noqa: E402
     from parallax_tf.fit import fit  # noqa: E402
     from parallax_tf.export import export_saved_model  # noqa: E402
+    from parallax_tf import dynamic  # noqa: E402
+    from parallax_tf.dynamic import DynamicEmbedding  # noqa: E402
 from parallax_tf.errors import ClusterError, ConfigError, Diverged, InputError, ModelError, ParallaxError  # noqa: E402
 from parallax_tf.model import Model, Result, RunContext  # noqa: E402
 from parallax_tf.plan import Plan, Shard, VariablePlan  # noqa: E402
 
-__all__ = ["run", "fit", "export_saved_model", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan",
+__all__ = ["run", "fit", "export_saved_model", "DynamicEmbedding", "dynamic", "Model", "Result", "RunContext", "Plan", "Shard", "VariablePlan",
            "ParallaxError", "ModelError", "InputError", "ConfigError", "ClusterError", "Diverged"]

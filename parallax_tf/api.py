@@ -364,6 +364,8 @@ def _print_summary(result: Result, ranks: int, loss_scope: str, written: str) ->
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
           f"final loss ({loss_scope}) {losses[-1] if losses else float('nan'):.4f}{metrics}; bytes/step/rank "
           f"({whose}): {moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"
+          + "".join(f"; {name} {t['rows']:,} rows ({t['admitted']:,} admitted, {t['evicted']:,} evicted)"
+                    for name, t in sorted(result.extras.get("dynamic_tables", {}).items()))
           + (f"; went on without rank(s) {result.lost_ranks}" if result.lost_ranks else "")
           + (f"; wrote {written}" if written else ""), flush=True)
     for name, by_rank in sorted(result.histograms.items()):

@@ -152,6 +152,27 @@ def test_string_ids_are_their_fingerprints_and_initial_rows_depend_on_the_id_alo
     assert s.std() > 0.1 and np.abs(s).max() <= np.sqrt(3.0 / DIM)
 
 
+def test_the_feature_column_embeds_as_input_layer_does_with_its_other_columns():
+    graph = tf.Graph()
+    with graph.as_default():
+        words = tf.compat.v1.sparse_placeholder(tf.string)
+        counts = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        column = dynamic.embedding_column("words", DIM, combiner="sqrtn", seed=5)
+        layer = tf.compat.v1.feature_column.input_layer(
+            {"words": words, "count": counts}, [column, tf.compat.v1.feature_column.numeric_column("count")])
+        (table,) = dynamic.tables(graph)
+        direct = table.lookup_sparse(tf.SparseTensor(words.indices, dynamic.as_int64(words.values),
+                                                     words.dense_shape), "sqrtn")
+        feed = {words: tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [1, 0]], ["a", "b", "a"], [2, 2]),
+                counts: [[2.0], [3.0]]}
+        with tf.compat.v1.Session() as sess:
+            got, want = sess.run([layer, direct], feed)
+    assert table.name == "words_dynamic_embedding" and got.shape == (2, DIM + 1)
+    np.testing.assert_array_equal(got[:, 0], [2.0, 3.0])           # input_layer orders columns by name
+    np.testing.assert_allclose(got[:, 1:], want, rtol=1e-6)
+    assert not np.allclose(want[0], want[1])
+
+
 def test_ids_from_a_huge_range_train_in_bounded_memory():
     rng = np.random.RandomState(3)
     batches = [rng.randint(0, 2 ** 62, size=(16, 3), dtype=np.int64) for _ in range(40)]   # every id new

@@ -72,8 +72,11 @@ def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
         assert len(arrays["emb/ids"]) > 0
         if table.get("capacity"):
             assert len(arrays["emb/ids"]) <= table["capacity"] and arrays["emb/clock"][2] > 0   # some evicted
-        plan = str(np.load(os.path.join(out, f"{name}.rank0.npz"))["plan"])
-        assert "dynamic table emb: dim 3 float32" in plan
+        saved = np.load(os.path.join(out, f"{name}.rank0.npz"))
+        assert "dynamic table emb: dim 3 float32" in str(saved["plan"])
+        clock = arrays["emb/clock"]
+        assert f"'dynamic_tables': {{'emb': {{'rows': {len(arrays['emb/ids'])}, 'admitted': {clock[1]}, " \
+               f"'evicted': {clock[2]}}}}}" in str(saved["extras"])
 
 
 def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():

@@ -40,6 +40,8 @@ PINNED: List[Tuple[str, str, str]] = [
      "the coordination service's heartbeat set before MultiWorkerMirroredStrategy (tools/baselines_mwms.py)"),
     ("tensorflow.python.eager.context.Context", "configure_coordination_service", "the same"),
     ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob", "the same"),
+    ("tensorflow.python.feature_column.feature_column", "_DenseColumn",
+     "what tf.compat.v1.feature_column.input_layer takes: a dynamic table's column (parallax_tf/dynamic/columns.py)"),
     ("tensorflow.Operation", "_id", "ops in creation order (inputs first)"),
     ("tensorflow.Operation", "_add_control_inputs", "a control dependency added to an existing op"),
     ("tensorflow.Operation", "_remove_all_control_inputs", "an op's control dependencies replaced"),
@@ -259,6 +261,12 @@ def learning_rate(optimizer):
 def beta_accumulators(optimizer) -> list:
     """An AdamOptimizer's non-slot variables (beta1 and beta2 powers)."""
     return list(optimizer._get_beta_accumulators())
+
+
+def dense_feature_column_base() -> type:
+    """The base class of the columns tf.compat.v1.feature_column.input_layer accepts."""
+    from tensorflow.python.feature_column import feature_column
+    return feature_column._DenseColumn
 
 
 def fresh_copy(optimizer):

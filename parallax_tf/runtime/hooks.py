@@ -37,6 +37,7 @@ class StepStats:
         self.checkpoint_requested = False               # the last step's collective decision
         self.stop_requested = False                     # a hook ends training after this step
         self.extras: Dict[str, object] = {}             # what a strategy's own loop reports
+        self.tables: Dict[str, List[int]] = {}          # rank 0: per dynamic table, [rows, admitted, evicted]
         # live per-rank histograms a strategy's loop keeps: name -> rank -> bucket -> count
         self.histograms: Dict[str, Dict[int, Dict[int, int]]] = {}
 
@@ -136,7 +137,9 @@ class Progress(Hook):
                           if np.ndim(values[-1]) == 0)
         line = (f"step {step}/{self.total} loss {loss:.4f}{metrics} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
                 f"eta {eta:.0f}s bytes/step/rank{whose} "
-                f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}")
+                f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}"
+                + "".join(f" {name} {rows:,} rows (+{admitted:,} -{evicted:,})"
+                          for name, (rows, admitted, evicted) in sorted(stats.tables.items())))
         previous = step - 1 if self.previous is None else self.previous
         self.previous = step
         if step // self.every > previous // self.every or step == self.total:

@@ -111,6 +111,8 @@ class SyncStep:
     scheduled: Callable[[int], tuple] = lambda step: ([], {})
     metric_names: List[str] = dataclasses.field(default_factory=list)   # Model.metrics in the report
     metric_sizes: List[int] = dataclasses.field(default_factory=list)   # their elements (1: a scalar)
+    # rank 0: per dynamic table, [rows, admitted, evicted] once the step's boundaries ran
+    tables: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 class SyncRunner(Runner):
@@ -130,6 +132,7 @@ class SyncRunner(Runner):
         losses: List[float] = []
         fetches = {"loss": self.loss, "report": spec.report, "train": self.train_op,
                    "bytes": spec.bytes_per_step, "lower_bound": spec.lower_bound_bytes,
+                   **({"tables": spec.tables} if spec.tables else {}),
                    **(self.rows_fetch(inputs) if reads else {})}
         previous_bytes = [0.0] * len(spec.report_routes)     # the report sums the last step's
         for step in range(inputs.start, inputs.steps):
@@ -155,6 +158,7 @@ class SyncRunner(Runner):
                       out["lower_bound"], dict(zip(spec.report_routes, report[metrics_end:])) if step > inputs.start
                       else None, loss=float(mean_loss), metrics=metrics)
             previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes]
+            stats.tables = {name: [int(n) for n in counts] for name, counts in out.get("tables", {}).items()}
             stats.checkpoint_requested = report[1] > 0
             inputs.tracer.record(step, metadata)
             losses.append(float(out["loss"]))

@@ -24,6 +24,7 @@ class DynamicTablesStep:
         model_optimizer = table_lib.model_optimizer(rebuilt.training.applies)
         self.pushes: List[tf.Operation] = []
         self.boundaries: List[tf.Operation] = []
+        self.counters = {}
         moved = []
         size = self.topo.size
         for rows in table_lib.step_rows(rebuilt.loss):
@@ -53,7 +54,11 @@ class DynamicTablesStep:
                     occurrences = tf.cast(tf.round(summed[:, -1]), tf.int64)
                     boundaries.append(shard.boundary(distinct, mean, occurrences, rule))
             if self.topo.is_chief:
-                self.boundaries.append(table.end_step(boundaries))
+                ended = table.end_step(boundaries)
+                self.boundaries.append(ended)
+                with tf.control_dependencies([ended]):
+                    counters = tf.add_n([shard.counters() for shard in table.shards])
+                self.counters[table.name] = tf.gather(counters, [0, 2, 3])     # rows, admitted, evicted
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
         self.lower_bound: list = []
 

@@ -162,7 +162,7 @@ class _Assembly:
             previous_bytes=report.previous_bytes, bytes_per_step=byte_counts,
             lower_bound_bytes=tf.add_n([b for route in routes for b in route.lower_bound]
                                        or [tf.constant(0, tf.int64)]),
-            scheduled=scheduled)
+            scheduled=scheduled, tables=self.dynamic.counters)
         return finish_graph(start, loss=training.loss, train_op=step, global_step=self.global_step, parts=parts,
                             runner=SyncRunner(training.loss, step, step_spec), optimizers=optimizers,
                             working_copies=working_copies,
