@@ -2,8 +2,10 @@
 exactly as one process does (tests/dynamic_models.py's plain-TF reference), with admission,
 eviction, capacity, string ids and ids from a huge range; checkpoints resume exactly, hold the
 tables as arrays plain TF reads, and a killed rank holding the shards restarts exactly."""
+import functools
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -15,8 +17,10 @@ from parallax_tf.dynamic.state import DynamicState
 from tests import dynamic_models, launch
 
 STEPS = 8
+CKPT_ROOT = tempfile.mkdtemp(prefix="ptf-dynamic-ckpts-")
+ADMIT_EVICT = {"admit_after": 2, "evict_after_steps": 3}
 TWO_RANKS = [   # name, strategy, optimizer, table options, further flags
-    ("hybrid_adagrad", "hybrid", "adagrad", {}, []),
+    ("hybrid_adagrad", "hybrid", "adagrad", {}, [f"--ckpt_dir={CKPT_ROOT}/first_use"]),
     ("ps_adam_admit_evict", "ps", "adam", {"admit_after": 2, "evict_after_steps": 3}, ["--partitions=3"]),
     ("auto_ftrl_capacity", "auto", "ftrl", {"admit_after": 2, "evict_after_steps": 3, "capacity": 6},
      ["--partitions=2"]),
@@ -30,6 +34,18 @@ THREE_RANKS = [
     ("auto_adam_capacity", "auto", "adam", {"admit_after": 2, "evict_after_steps": 3, "capacity": 8},
      ["--partitions=3"]),
 ]
+
+
+# four steps with a checkpoint at the end: resumed and exported by the tests below
+FIRST = ("first", "hybrid", "adagrad", ADMIT_EVICT, ["--partitions=2", f"--ckpt_dir={CKPT_ROOT}/admit_evict"])
+
+
+@functools.lru_cache(maxsize=None)
+def _two_rank_job() -> str:
+    """One job of 2 ranks for every 2-rank run of this file; its output directory."""
+    out = tempfile.mkdtemp(prefix="ptf-dynamic-")
+    _job(2, _runs(TWO_RANKS, out) + _runs([FIRST], out, steps=4), out)
+    return out
 
 
 def _runs(cases, out, steps=STEPS, extra=()):
@@ -65,8 +81,11 @@ def _assert_as_one_process(out, name, size, optimizer, table, strings=False, ste
 
 @pytest.mark.parametrize("size,cases", [(2, TWO_RANKS), (3, THREE_RANKS)], ids=["2_ranks", "3_ranks"])
 def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
-    out = tempfile.mkdtemp(prefix="ptf-dynamic-")
-    _job(size, _runs(cases, out), out)
+    if size == 2:
+        out = _two_rank_job()
+    else:
+        out = tempfile.mkdtemp(prefix="ptf-dynamic-")
+        _job(size, _runs(cases, out), out)
     for name, strategy, optimizer, table, flags in cases:
         arrays = _assert_as_one_process(out, name, size, optimizer, table, "--strings=true" in flags)
         assert len(arrays["emb/ids"]) > 0
@@ -80,15 +99,16 @@ def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
 
 
 def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():
-    out, ckpt = tempfile.mkdtemp(prefix="ptf-dynamic-"), tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")
-    table = {"admit_after": 2, "evict_after_steps": 3}
-    first = [("first", "hybrid", "adagrad", table, ["--partitions=2", f"--ckpt_dir={ckpt}"])]
-    _job(2, _runs(first, out, steps=4), out)
+    out, table = _two_rank_job(), ADMIT_EVICT
+    ckpt = os.path.join(CKPT_ROOT, "admit_evict")
     saved = tf.train.latest_checkpoint(ckpt)
     at_four = _assert_as_one_process(out, "first", 2, "adagrad", table, steps=4)
     np.testing.assert_array_equal(tf.train.load_variable(saved, "emb/ids"), at_four["emb/ids"])
     np.testing.assert_allclose(tf.train.load_variable(saved, "emb/values"), at_four["emb/values"], atol=1e-6)
-    resumed = [("resumed", "hybrid", "adagrad", table, ["--partitions=3", f"--ckpt_dir={ckpt}"])]
+    resume_from = tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")        # a copy: the export test reads the first
+    os.rmdir(resume_from)
+    shutil.copytree(ckpt, resume_from)
+    resumed = [("resumed", "hybrid", "adagrad", table, ["--partitions=3", f"--ckpt_dir={resume_from}"])]
     _job(2, _runs(resumed, out), out)            # three shards now: the arrays do not depend on the layout
     assert int(np.load(os.path.join(out, "resumed.rank0.npz"))["start_step"]) == 4
     got = np.load(os.path.join(out, "resumed.rank0.npz"))
@@ -127,13 +147,13 @@ def _one_process_predictions(model_fn, checkpoint: str, feed: dict):
             return sess.run(model.predictions, feeds), values["dense"], sess.run(initial)
 
 
-@pytest.mark.parametrize("name,table", [("first_use", {}), ("admit_evict", {"admit_after": 2, "evict_after_steps": 3})])
+@pytest.mark.parametrize("name,table", [("first_use", {}), ("admit_evict", ADMIT_EVICT)])
 def test_an_exported_table_serves_its_live_rows_and_what_training_reads_for_other_ids(name, table):
     """Ids with a row, ids never seen and (with admission) ids seen but not admitted: the served
     model answers as the trained model in one process; an id without a row reads its initial row
     where ids are admitted on first use, zeros otherwise."""
-    out, ckpt = tempfile.mkdtemp(prefix="ptf-dynamic-"), tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")
-    _job(2, _runs([(name, "hybrid", "adagrad", table, [f"--ckpt_dir={ckpt}"])], out, steps=4), out)
+    _two_rank_job()
+    ckpt = os.path.join(CKPT_ROOT, name)
     checkpoint = tf.train.latest_checkpoint(ckpt)
     live = tf.train.load_variable(checkpoint, "emb/ids")
     waiting = sorted(set(tf.train.load_variable(checkpoint, "emb/seen_ids")) - set(live))
