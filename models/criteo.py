@@ -5,7 +5,9 @@ Inputs, by placeholder name: "dense" float32 [batch, 13], Criteo's integer colum
 (row = id mod the table's rows) or strings such as Criteo's hex values (row = TF's
 to_hash_bucket_fast: fixed hash buckets); "label" float32 [batch] (1.0 = click).
 
-Model (DLRM): a bottom MLP (64-16) over the dense features; 26 embedding tables of width 16;
+Model (DLRM): a bottom MLP (64-16) over the dense features; 26 embedding tables of width 16
+(fixed hash buckets, or with --criteo_dynamic dynamic tables over the raw ids: ptf.DynamicEmbedding,
+rows created as ids appear, --criteo_admit_after, --criteo_evict_after, --criteo_capacity);
 the pairwise dot products of those 27 vectors (351 values) beside the bottom MLP's output; a
 top MLP (64-32-1); sigmoid cross-entropy; Adagrad on every variable. Table rows: Criteo's
 cardinalities (the Kaggle display-advertising data, as DLRM counts them), those above 1,000
@@ -23,11 +25,12 @@ Data:
 
     python -m models.criteo --np 2 --steps 60
     python -m models.criteo --np 2 --criteo_data day_0.tsv --steps 1000
+    python -m models.criteo --np 2 --criteo_dynamic --criteo_evict_after 1000 --steps 60
 """
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import parallax_tf as ptf  # before TF (keeps its import-time logs quiet); registers --steps, --np, ...
@@ -43,6 +46,14 @@ flags.DEFINE_integer("criteo_batch", 128, "Examples per rank per step.", lower_b
 flags.DEFINE_list("criteo_data", [], "Criteo TSV files to train on (label, 13 integers, 26 hex strings per line); "
                   "empty: the synthetic generator.")
 flags.DEFINE_float("criteo_learning_rate", 0.05, "Adagrad learning rate.")
+flags.DEFINE_bool("criteo_dynamic", False, "Dynamic tables (ptf.DynamicEmbedding) over the raw ids instead of fixed "
+                  "hash buckets.")
+flags.DEFINE_integer("criteo_admit_after", 1, "Dynamic tables: an id gets a row after this many occurrences.",
+                     lower_bound=1)
+flags.DEFINE_integer("criteo_evict_after", 0, "Dynamic tables: rows unseen for this many steps leave (0: never).",
+                     lower_bound=0)
+flags.DEFINE_integer("criteo_capacity", 0, "Dynamic tables: at most this many rows per table (0: no bound).",
+                     lower_bound=0)
 FLAGS = flags.FLAGS
 
 # Criteo (Kaggle display advertising) categorical cardinalities, C1..C26
@@ -69,14 +80,20 @@ def _interactions(vectors):
     return tf.gather(dots, upper, axis=1)
 
 
-def logits(dense_counts, categorical: dict, rows: Sequence[int]):
-    """DLRM over the inputs (see the module doc); creates the variables."""
+def logits(dense_counts, categorical: dict, rows: Sequence[int], dynamic: Optional[dict] = None):
+    """DLRM over the inputs (see the module doc); creates the variables. `dynamic`: the dynamic
+    tables' options (None: fixed tables of `rows` rows)."""
     x = tf.math.log1p(tf.maximum(dense_counts, 0.0))
     for index, units in enumerate(BOTTOM, start=1):
         x = dense(x, f"bottom{index}", units, seed=800 + index, relu=True)
     vectors = [x]
     for index, (name, count) in enumerate(zip(CATEGORICAL, rows)):
         value = categorical[name]
+        if dynamic is not None:       # the raw id (a string's fingerprint), a row per id seen
+            table = ptf.DynamicEmbedding(f"embedding/{name}", WIDTH, initializer=ptf.dynamic.uniform(0.05),
+                                         seed=900 + index, **dynamic)
+            vectors.append(table.lookup(value))
+            continue
         row = (tf.strings.to_hash_bucket_fast(value, count) if value.dtype == tf.string
                else tf.math.floormod(value, count))
         table = tf.compat.v1.get_variable(f"embedding/{name}", [count, WIDTH], initializer=tf.compat.v1.
@@ -100,9 +117,10 @@ def _tsv_batches(files: Sequence[str], batch: int):
 
 
 def make_model_fn(scale: float = DEFAULTS["scale"], learning_rate: float = DEFAULTS["learning_rate"],
-                  files: Sequence[str] = (), batch: int = DEFAULTS["batch"]):
+                  files: Sequence[str] = (), batch: int = DEFAULTS["batch"], dynamic: Optional[dict] = None):
     """model_fn(ctx): placeholders (the synthetic input_fn, and serving), or `files`' TSV lines
-    through tf.data (`batch` a step per rank); a served model takes Criteo's strings."""
+    through tf.data (`batch` a step per rank); a served model takes Criteo's strings. `dynamic`:
+    DynamicEmbedding's options for dynamic tables (None: fixed tables)."""
     rows = table_rows(scale)
 
     def model_fn(ctx):
@@ -113,7 +131,7 @@ def make_model_fn(scale: float = DEFAULTS["scale"], learning_rate: float = DEFAU
             dense_counts = tf.compat.v1.placeholder(tf.float32, [None, DENSE], name="dense")
             categorical = {name: tf.compat.v1.placeholder(kind, [None], name=name) for name in CATEGORICAL}
             label = tf.compat.v1.placeholder(tf.float32, [None], name="label")
-        out = logits(dense_counts, categorical, rows)
+        out = logits(dense_counts, categorical, rows, dynamic)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=out))
         return ptf.Model(loss=loss, optimizer=tf.compat.v1.train.AdagradOptimizer(learning_rate),
                          predictions={"probability": tf.sigmoid(out)})
@@ -157,7 +175,10 @@ input_fn = make_input_fn()
 
 def from_flags():
     """(model_fn, input_fn) with the --criteo_* flags; input_fn is None with --criteo_data (tf.data)."""
-    model = make_model_fn(FLAGS.criteo_scale, FLAGS.criteo_learning_rate, FLAGS.criteo_data, FLAGS.criteo_batch)
+    dynamic = dict(admit_after=FLAGS.criteo_admit_after, evict_after_steps=FLAGS.criteo_evict_after or None,
+                   capacity=FLAGS.criteo_capacity or None) if FLAGS.criteo_dynamic else None
+    model = make_model_fn(FLAGS.criteo_scale, FLAGS.criteo_learning_rate, FLAGS.criteo_data, FLAGS.criteo_batch,
+                          dynamic)
     inputs = None if FLAGS.criteo_data else make_input_fn(FLAGS.criteo_scale, FLAGS.criteo_batch, FLAGS.seed)
     return model, inputs
 

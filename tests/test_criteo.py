@@ -7,7 +7,9 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+import parallax_tf as ptf
 from models import criteo
+from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.model import RunContext
 from tests import launch, reference
 from tests.jobs import criteo_job
@@ -101,3 +103,31 @@ def test_two_ranks_reading_the_tsv_end_as_single_device_tf_on_the_same_lines():
         assert reference.relative_error(got[f"var:{name}"], value) <= 1e-5, name
     moved = [n for n in want if reference.relative_error(want[n], initial[n]) > 1e-4]
     assert any(n.startswith("embedding/") for n in moved) and any(n.startswith("top") for n in moved), moved
+    _dynamic_tables_as_one_process(out, tsv)
+
+
+def _dynamic_tables_as_one_process(out: str, tsv: str) -> None:
+    """The same job's second run: 26 dynamic tables over Criteo's hex strings (admitted after 2
+    occurrences), against one process on the same lines."""
+    got = np.load(os.path.join(out, "hybrid_dynamic.npz"))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(0)
+        model = criteo.make_model_fn(criteo_job.SCALE, files=[tsv], batch=2 * criteo_job.BATCH,
+                                     dynamic=criteo_job.DYNAMIC)(RunContext())
+        train = tf.group(model.optimizer.minimize(model.loss), ptf.dynamic.step(model.loss, model.optimizer))
+        state = DynamicState(ptf.dynamic.tables(graph))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(criteo_job.STEPS):
+                sess.run(train)
+            want = dict(reference._whole_values(sess), **state.read(sess))
+    assert sorted(k[4:] for k in got.files) == sorted(want)
+    for name, value in want.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(got[f"var:{name}"], value, rtol=0, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[f"var:{name}"], value, err_msg=name)
+    rows = [len(want[f"embedding/{c}/ids"]) for c in criteo.CATEGORICAL]
+    waiting = [len(want[f"embedding/{c}/seen_ids"]) for c in criteo.CATEGORICAL]
+    assert 0 < sum(rows) < sum(waiting)          # admission after 2: some ids seen once wait

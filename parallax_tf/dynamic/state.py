@@ -43,8 +43,7 @@ class DynamicState:
         return [f"{table.name}/{k}" for k in (*ROW_GROUP, *slots, *SEEN_GROUP, "clock")]
 
     def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
-        wanted = {k.split("/")[0] for k in keys} if keys is not None else None
-        tables = [t for t in self.tables if wanted is None or t.name in wanted]
+        tables = [t for t in self.tables if keys is None or set(self._table_keys(t)) & set(keys)]
         raw = sess.run({t.name: self._exports[t.name] for t in tables})
         out = {}
         for table in tables:
@@ -65,7 +64,7 @@ class DynamicState:
         feeds = {}
         for table in self.tables:
             for key in self._table_keys(table):
-                name = key.split("/", 1)[1]
+                name = key[len(table.name) + 1:]
                 if key in values:
                     feeds[self._feeds[key]] = np.asarray(values[key])
                 else:
@@ -76,7 +75,7 @@ class DynamicState:
         dtype, dim = table.options.dtype, table.dim
         whole = {}
         for key in self._table_keys(table):
-            name = key.split("/", 1)[1]
+            name = key[len(table.name) + 1:]
             if name == "clock":
                 shape, kind = [CLOCK_COLUMNS], tf.int64
             elif name in ("ids", *SEEN_GROUP):
