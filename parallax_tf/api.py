@@ -24,7 +24,7 @@ from parallax_tf.planner import PlanRequest, make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
 from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepTracer, Summaries,
-                                      format_histogram)
+                                      format_histogram, tables_line)
 from parallax_tf.runtime.runner import RunInputs, SyncRunner
 from parallax_tf.runtime.watchdog import Watchdog, launcher_address
 from parallax_tf.values import StateIO, collect_state
@@ -364,8 +364,9 @@ def _print_summary(result: Result, ranks: int, loss_scope: str, written: str) ->
     print(f"done: {steps} steps (global step {result.global_step}) in {result.wall_time_s:.1f}s, {rate}, "
           f"final loss ({loss_scope}) {losses[-1] if losses else float('nan'):.4f}{metrics}; bytes/step/rank "
           f"({whose}): {moved or 'none'}; checkpoint: {result.checkpoint or 'none'}"
-          + "".join(f"; {name} {t['rows']:,} rows ({t['admitted']:,} admitted, {t['evicted']:,} evicted)"
-                    for name, t in sorted(result.extras.get("dynamic_tables", {}).items()))
+          + (";" + tables_line({name: [t["rows"], t["admitted"], t["evicted"]]
+                                for name, t in result.extras["dynamic_tables"].items()})
+             if result.extras.get("dynamic_tables") else "")
           + (f"; went on without rank(s) {result.lost_ranks}" if result.lost_ranks else "")
           + (f"; wrote {written}" if written else ""), flush=True)
     for name, by_rank in sorted(result.histograms.items()):

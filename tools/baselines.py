@@ -19,6 +19,7 @@ from parallax_tf import flags as ptf_flags  # noqa: F401  (--threads)
 from parallax_tf import threads as pool_threads
 from parallax_tf.feeds import batch_size, make_feeds
 from parallax_tf.graph_walk import needed_placeholders
+from parallax_tf.inspect_graph import logical_name
 from parallax_tf.model import RunContext
 from parallax_tf.runtime.cluster import start_cluster
 from parallax_tf.runtime import quiet
@@ -143,8 +144,12 @@ def _horovod(model_fn, input_fn, steps, seed, ctx, sparse_as_dense, process, pro
         sess = tf.compat.v1.Session(graph=graph, config=process.proto())
         _initialise(sess)
         sess.run(broadcast)
-    return _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps,
-                 profile_from=profile_from)
+        trained = tf.compat.v1.global_variables()
+    figures = _loop(lambda feeds: sess.run(train, feeds), graph, model, input_fn, ctx, steps,
+                    profile_from=profile_from)
+    if ctx.rank == 0:       # the trained values under single-device names, for the held-out loss
+        figures["variables"] = {logical_name(v): value for v, value in zip(trained, sess.run(trained))}
+    return figures
 
 
 def _tf_ps(model_fn, input_fn, steps, seed, ctx, cluster, profile_from):

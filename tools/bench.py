@@ -33,7 +33,10 @@ BASELINE_NAMES = ("horovod", "horovod_dense", "tf_ps", "tf_mwms")
 
 def run_strategy(strategy: str, hosts: int, ranks_per_host: int, bandwidth: str, delay: str,
                  model: str, steps: int, warmup: int, timeout_s: int = 600, extra_flags=()) -> dict:
-    """`extra_flags` are given to every rank after the ones tools.bench was given."""
+    """`extra_flags` are given to every rank after the ones tools.bench was given; so is each
+    `+name=value` after the strategy's name (`hybrid+criteo_dynamic=true`)."""
+    strategy, *variant = strategy.split("+")
+    extra_flags = [f"--{given}" for given in variant] + list(extra_flags)
     out = tempfile.mkdtemp(prefix=f"bench-{strategy}-")
     job = [sys.executable, "-m", "tools.bench_job", f"--model={model}", f"--bench_strategy={strategy}",
            f"--steps={steps}", f"--warmup={warmup}", f"--out={out}", "--log_every=0"] + model_flags() \
@@ -109,6 +112,12 @@ def summarise(ranks) -> dict:
     return {"examples_per_s": examples / step_s if step_s else 0.0, "step_s": step_s,
             "pool_threads": sorted({r.get("pool_threads") for r in ranks}, key=str),
             "held_out_loss": held_out[0] if held_out else None, "bytes_by_route": by_route,
+            "held_out_auc": next((r["held_out_auc"] for r in ranks if r.get("held_out_auc") is not None), None),
+            "max_rss_mb": max((r.get("max_rss_mb") or 0) for r in ranks),
+            "embedding_bytes_by_host": next((r["embedding_bytes_by_host"] for r in ranks
+                                             if r.get("embedding_bytes_by_host")), None),
+            "dynamic_rows_by_host": next((r["dynamic_rows_by_host"] for r in ranks
+                                          if r.get("dynamic_rows_by_host")), None),
             "cpu_s_per_step_per_rank": sum(cpu) / len(cpu) if cpu else None,
             "cpu_s_per_step_by_rank": [by_rank[r] for r in sorted(by_rank)],
             "thread_cpu_s_per_step": dict(sorted(threads.items(), key=lambda item: -item[1])),
@@ -177,6 +186,26 @@ def wire_lines(results: dict) -> str:
     return "\n".join(lines)
 
 
+def table_lines(results: dict) -> str:
+    """Each run's embedding tables at the end, per parameter-server host, and its ranks' peak
+    memory."""
+    lines = []
+    for name, r in results.items():
+        held, rows = r.get("embedding_bytes_by_host"), r.get("dynamic_rows_by_host")
+        auc = r.get("held_out_auc")
+        if not held and not r.get("max_rss_mb"):
+            continue
+        line = f"{name}: peak RSS {r.get('max_rss_mb', 0):,.0f} MB/rank (max)"
+        if auc is not None:
+            line += f"; held-out AUC {auc:.4f}"
+        if held:
+            line += f"; embedding state per PS host {' '.join(fmt_bytes(b) for b in held)} (total {fmt_bytes(sum(held))})"
+        if rows:
+            line += f"; dynamic rows per PS host {' '.join(f'{n:,}' for n in rows)} (total {sum(rows):,})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def dense_bytes(routes: dict):
     """Bytes per step of the dense variables' routes (None when the strategy reports none)."""
     return routes.get("allreduce", 0) + routes.get("significant", 0) if routes else None
@@ -224,6 +253,7 @@ def main(argv):
     print(table(results))
     print(thread_lines(results))
     print(wire_lines(results))
+    print(table_lines(results))
     if FLAGS.json:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
         with open(FLAGS.json, "w") as f:

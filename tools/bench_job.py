@@ -2,6 +2,7 @@
 and writes this rank's figures to --out/rank<r>.json. Started by tools.bench on a cluster."""
 import json
 import os
+import resource
 import sys
 import time
 
@@ -29,17 +30,24 @@ def held_out_loss(model_fn, input_fn, variables) -> float:
     return held_out_losses(model_fn, input_fn, [variables])[0]
 
 
-def held_out_losses(model_fn, input_fn, snapshots) -> list:
-    """held_out_loss of each of several sets of values, in one graph."""
+def held_out_losses(model_fn, input_fn, snapshots, auc: bool = False) -> list:
+    """held_out_loss of each of several sets of values, in one graph (dynamic tables hold what
+    the values give them). With `auc`, (loss, AUC of predictions["probability"] against the
+    "label" feed, or None) each."""
     import tensorflow as tf
+    from parallax_tf import dynamic
+    from parallax_tf.dynamic.state import DynamicState
     from parallax_tf.feeds import make_feeds
     from parallax_tf.inspect_graph import logical_name
     from parallax_tf.model import RunContext
     from parallax_tf.training_graph import call_model_fn
     graph = tf.Graph()
     with graph.as_default():
-        loss = call_model_fn(model_fn, RunContext(0, 1, 0, 1, 0)).loss
+        model = call_model_fn(model_fn, RunContext(0, 1, 0, 1, 0))
+        loss = model.loss
+        probability = model.predictions.get("probability") if isinstance(model.predictions, dict) else None
         placeholders = [op.name for op in graph.get_operations() if op.type == "Placeholder"]
+        tables = DynamicState(dynamic.tables(graph)) if dynamic.tables(graph) else None
         feeds = [make_feeds(input_fn, RunContext(10_000 + i, 1, 0, 1, 0), placeholders, graph)
                  for i in range(HELD_OUT_BATCHES)]          # ranks no training run has
         out = []
@@ -50,11 +58,77 @@ def held_out_losses(model_fn, input_fn, snapshots) -> list:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
             for variables in snapshots:
                 sess.run(load, {value: variables[name] for name, _, value in loaded})
-                out.append(float(np.mean([sess.run(loss, f) for f in feeds])))
+                if tables is not None:
+                    tables.load(sess, {k: v for k, v in variables.items() if k in set(tables.keys())})
+                if not auc:
+                    out.append(float(np.mean([sess.run(loss, f) for f in feeds])))
+                    continue
+                losses, scores, labels = [], [], []
+                for f in feeds:
+                    got = sess.run({"loss": loss, **({"p": probability} if probability is not None else {})}, f)
+                    losses.append(got["loss"])
+                    if "p" in got and "label" in {k.name.split(":")[0] for k in f}:
+                        scores.append(got["p"])
+                        labels.append(next(v for k, v in f.items() if k.name.split(":")[0] == "label"))
+                out.append((float(np.mean(losses)), area_under_roc(np.concatenate(labels), np.concatenate(scores))
+                            if scores else None))
     return out
 
 
+def area_under_roc(labels, scores) -> float:
+    """The probability that a random positive scores above a random negative (ties count half)."""
+    order = np.argsort(scores, kind="stable")
+    ranks = np.empty(len(scores))
+    sorted_scores = np.asarray(scores)[order]
+    i = 0
+    while i < len(order):            # average ranks over ties
+        j = i
+        while j + 1 < len(order) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1
+        i = j + 1
+    positives = np.asarray(labels) > 0.5
+    n_pos, n_neg = positives.sum(), (~positives).sum()
+    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)) if n_pos and n_neg else None
+
+
 DIVERGED_EXIT = 3
+
+
+def table_memory(result) -> dict:
+    """What the embedding tables hold per parameter-server host at the end: a fixed table's
+    shards (rows x row bytes, with each optimizer slot of the same shape), or a dynamic table's
+    rows (values and slots) and its per-id counters (id, occurrences, last step, live: 32 B)."""
+    plan = result.plan
+    hosts = plan.num_hosts
+    held = [0] * hosts
+    for entry in plan.variables:
+        if entry.route == "ps" and entry.gradient == "sparse":
+            copies = 1 + sum(1 for k in result.variables if k.startswith(entry.name + "/") and
+                             np.shape(result.variables[k]) == tuple(entry.shape))
+            row_bytes = entry.bytes // max(1, entry.shape[0])
+            for shard in entry.shards:
+                held[shard.server] += (shard.row_end - shard.row_start) * row_bytes * copies
+    rows_by_host = [0] * hosts
+    for table in plan.dynamic_tables:
+        ids = result.variables[f"{table.name}/ids"]
+        copies = sum(1 for k, v in result.variables.items() if k.startswith(table.name + "/") and
+                     np.ndim(v) == 2 and len(v) == len(ids))          # values and slots
+        seen = result.variables[f"{table.name}/seen_ids"]
+        for host, (rows, tracked) in enumerate(zip(_per_host(ids, table.shards, hosts),
+                                                   _per_host(seen, table.shards, hosts))):
+            rows_by_host[host] += rows
+            held[host] += rows * table.dim * 4 * copies + tracked * 32
+    return {"embedding_bytes_by_host": held, "dynamic_rows_by_host": rows_by_host if plan.dynamic_tables else None}
+
+
+def _per_host(ids, shards: int, hosts: int) -> list:
+    """How many of `ids` each host holds (shard k on host k mod hosts, by the tables' owner rule)."""
+    import tensorflow as tf
+    from parallax_tf.dynamic.ids import owner
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        owners = sess.run(owner(tf.constant(np.asarray(ids, np.int64)), shards))
+    return [int(np.sum(owners % hosts == host)) for host in range(hosts)]
 
 
 def main(argv):
@@ -84,6 +158,9 @@ def train_and_measure() -> dict:
         figures = baselines.run(FLAGS.bench_strategy, model_fn, input_fn, total,
                                 profile_threads_from=FLAGS.warmup)
         reported, lower = None, None
+        if "variables" in figures:        # Horovod's rank 0: its held-out loss beside parallax_tf's
+            figures["held_out_loss"], figures["held_out_auc"] = held_out_losses(
+                model_fn, input_fn, [figures.pop("variables")], auc=True)[0]
     else:
         link = link_counters.LinkCounter(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")))
         result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
@@ -99,7 +176,9 @@ def train_and_measure() -> dict:
         figures["bytes_by_route"] = result.bytes_per_step
         figures["losses"] = [float(x) for x in result.losses]
         if rank == 0:
-            figures["held_out_loss"] = held_out_loss(model_fn, input_fn, result.variables)
+            figures["held_out_loss"], figures["held_out_auc"] = held_out_losses(
+                model_fn, input_fn, [result.variables], auc=True)[0]
+            figures.update(table_memory(result))
     times = figures["step_times"][FLAGS.warmup:]
     # this process's CPU (all threads, serving its PS state too) per timed step
     cpu = figures["step_cpu_s"][FLAGS.warmup:]
@@ -108,6 +187,10 @@ def train_and_measure() -> dict:
     # pays for it on those steps only
     record = {"rank": rank, "step_s": float(np.mean(times)), "examples_per_step": figures["examples_per_step"],
               "held_out_loss": figures.get("held_out_loss"), "bytes_by_route": figures.get("bytes_by_route"),
+              "held_out_auc": figures.get("held_out_auc"),
+              "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "embedding_bytes_by_host": figures.get("embedding_bytes_by_host"),
+              "dynamic_rows_by_host": figures.get("dynamic_rows_by_host"),
               "cpu_s_per_step": float(np.mean(cpu)) if cpu else None, **figures.get("wall", {}),
               "pool_threads": figures.get("pool_threads"),
               "losses": figures.get("losses"), "thread_cpu_s_per_step": figures.get("thread_cpu_s_per_step"),

@@ -51,14 +51,28 @@ def serving():
         _SERVING[0] = before
 
 
+@dataclasses.dataclass(eq=False)
+class ShardRead:
+    """What one lookup asked one shard: `ids` (sent from the worker), their positions among the
+    lookup's distinct ids (`where`; None: all of them, in order) and the shard's answer `rows`
+    (on the shard's device). A rewrite that packs several reads into one message sets
+    `ids_on_server` to the ids as the shard's device received them."""
+    shard: Shard
+    ids: tf.Tensor
+    where: Optional[tf.Tensor]
+    rows: tf.Tensor
+    ids_on_server: Optional[tf.Tensor] = None
+
+
 @dataclasses.dataclass
 class Lookup:
-    """One lookup's read: its distinct ids, their rows (what the gradient is taken against) and
-    how often each occurs in the batch."""
+    """One lookup's read: its distinct ids, their rows (what the gradient is taken against), how
+    often each occurs in the batch, and what it asked each shard."""
     table: "DynamicEmbedding"
     ids: tf.Tensor
     rows: tf.Tensor
     counts: tf.Tensor
+    reads: List[ShardRead] = dataclasses.field(default_factory=list)
 
 
 class DynamicEmbedding:
@@ -125,14 +139,16 @@ class DynamicEmbedding:
             return self.served.read(distinct), position
         counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.int64), position, tf.size(distinct))
         if len(self.shards) == 1:
-            rows = self.shards[0].read(distinct)
+            reads = [ShardRead(self.shards[0], distinct, None, self.shards[0].read(distinct))]
+            rows = reads[0].rows
         else:
             owner = id_lib.owner(distinct, len(self.shards))
             parts = tf.dynamic_partition(distinct, owner, len(self.shards))
             where = tf.dynamic_partition(tf.range(tf.size(distinct)), owner, len(self.shards))
-            rows = tf.dynamic_stitch(where, [shard.read(part) for shard, part in zip(self.shards, parts)])
+            reads = [ShardRead(shard, part, at, shard.read(part)) for shard, part, at in zip(self.shards, parts, where)]
+            rows = tf.dynamic_stitch(where, [read.rows for read in reads])
         rows = tf.identity(rows, name="rows")
-        _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts))
+        _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts, reads))
         return rows, position
 
     def rule(self, model_optimizer=None):

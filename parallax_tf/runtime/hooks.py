@@ -138,8 +138,7 @@ class Progress(Hook):
         line = (f"step {step}/{self.total} loss {loss:.4f}{metrics} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
                 f"eta {eta:.0f}s bytes/step/rank{whose} "
                 f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}"
-                + "".join(f" {name} {rows:,} rows (+{admitted:,} -{evicted:,})"
-                          for name, (rows, admitted, evicted) in sorted(stats.tables.items())))
+                + tables_line(stats.tables))
         previous = step - 1 if self.previous is None else self.previous
         self.previous = step
         if step // self.every > previous // self.every or step == self.total:
@@ -148,6 +147,16 @@ class Progress(Hook):
             done = int(30 * step / max(1, self.total))
             self.stream.write(f"\r\x1b[2K[{'#' * done}{'.' * (30 - done)}] {line}")
         self.stream.flush()
+
+
+def tables_line(tables: Dict[str, List[int]]) -> str:
+    """" emb 1,234 rows (+1,300 -66)" for one dynamic table ([rows, admitted, evicted]); the
+    total over several ("26 dynamic tables 22,311 rows ...")."""
+    if not tables:
+        return ""
+    rows, admitted, evicted = (sum(t[i] for t in tables.values()) for i in range(3))
+    name = next(iter(tables)) if len(tables) == 1 else f"{len(tables)} dynamic tables"
+    return f" {name} {rows:,} rows (+{admitted:,} -{evicted:,})"
 
 
 def bytes_per_rank(stats: StepStats, ranks: int):

@@ -3,15 +3,22 @@ shard, the distinct ids its batch read with their gradients and occurrences into
 next to the shard; rank 0 takes every rank's push, sums them per id and runs the shard's step
 boundary there (the optimizer's row rule, admission, eviction), then hands every other rank a
 token. A rank reads its next batch's rows only after its token, so every rank reads the table
-the last boundary left, and a dynamic table trains exactly as in one process."""
+the last boundary left, and a dynamic table trains exactly as in one process.
+
+Every tensor crossing between tasks is a RecvTensor call of its own, so a rank's messages to
+one server are packed, however many tables and shards live there (as rewriters/shared/
+ps_packing.py packs the PS route's): one message of ids and one of rows per server for the
+reads, one of gradients for the pushes (a table read by one lookup pushes onto the ids the
+server already received), one per server for rank 0's counters."""
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 import tensorflow as tf
 
 from parallax_tf.dynamic import table as table_lib
 from rewriters.shared.step_report import tensor_bytes
+from rewriters.shared.transform import rewire
 
 NEVER_STALE = 2 ** 62     # every push's time step: see rewriters/shared/ps_route.py
 
@@ -21,31 +28,78 @@ class DynamicTablesStep:
 
     def __init__(self, request, rebuilt):
         self.topo = request.topology
-        model_optimizer = table_lib.model_optimizer(rebuilt.training.applies)
         self.pushes: List[tf.Operation] = []
+        self.push_on: Dict[str, tf.Operation] = {}      # server -> this rank's push there
         self.boundaries: List[tf.Operation] = []
-        self.counters = {}
-        moved = []
-        size = self.topo.size
-        for rows in table_lib.step_rows(rebuilt.loss):
-            rule, table = rows.table.rule(model_optimizer), rows.table
-            parts = table_lib.partition(rows.ids, [rows.grads, rows.counts], len(table.shards))
+        self.counters: Dict[str, tf.Tensor] = {}
+        self.lower_bound: list = []
+        found = table_lib.lookups(rebuilt.loss.graph)
+        moved = _pack_reads([read for look in found for read in look.reads], self._remote)
+        if found:
+            self._build(rebuilt, found, moved)
+        self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
+
+    def _build(self, rebuilt, found, moved: list) -> None:
+        model_optimizer = table_lib.model_optimizer(rebuilt.training.applies)
+        grads = dict(zip((id(look) for look in found), tf.gradients(rebuilt.loss, [look.rows for look in found])))
+        sent = []            # (shard, ids as its device sees them, payload on the worker, reads to wait for,
+                             # whether the ids cross again)
+        for table in table_lib.tables(rebuilt.loss.graph):
+            mine = [look for look in found if look.table is table]
+            if not mine:
+                continue
             for shard in table.shards:      # every rank knows the slots: its results and checkpoints read them
-                shard.with_slots(rule.slots)
-            boundaries = []
-            for shard, (ids, grads, counts) in zip(table.shards, parts):
-                payload = tf.concat([grads, tf.cast(counts, grads.dtype)[:, None]], 1)
-                accumulator = _accumulator(shard, table.dim + 1, grads.dtype)
-                with tf.control_dependencies(rows.reads):
-                    push = _push(accumulator, shard.device, ids, payload)
-                self.pushes.append(push)
-                if self._remote(shard.device):
-                    moved += [tensor_bytes(payload), tensor_bytes(ids) * 2,
-                              tensor_bytes(payload[:, :-1])]    # ids out twice, rows back, gradients out
-                if not self.topo.is_chief:
-                    continue
-                with tf.device(shard.device), tf.control_dependencies([push]):
-                    taken = accumulator.take_indexed_slices_grad(size)
+                shard.with_slots(table.rule(model_optimizer).slots)
+            reads = [look.rows.op for look in mine]
+            if len(mine) == 1:              # the ids its reads sent: the server has them already
+                look = mine[0]
+                payload = _payload(_dense(grads[id(look)], look.rows), look.counts)
+                for read in look.reads:
+                    part = payload if read.where is None else tf.gather(payload, read.where)
+                    sent.append((read.shard, read.ids_on_server, part, reads, False))
+            else:
+                rows = _merged(mine, grads)
+                for shard, (ids, part) in zip(table.shards, table_lib.partition(rows[0], [rows[1]],
+                                                                                len(table.shards))):
+                    sent.append((shard, ids, part, reads, True))
+        self._push(sent, moved)
+        if self.topo.is_chief:
+            self._boundaries(found, model_optimizer)
+
+    def _push(self, sent, moved: list) -> None:
+        """Per server, every payload in one message, split there into each shard's accumulator."""
+        by_device: Dict[str, list] = {}
+        for item in sent:
+            by_device.setdefault(item[0].device, []).append(item)
+        for device, items in sorted(by_device.items(), key=lambda kv: str(kv[0])):
+            with tf.control_dependencies([op for item in items for op in item[3]]):
+                flat = tf.concat([tf.reshape(item[2], [-1]) for item in items], 0)
+            if self._remote(device):
+                moved.append(tensor_bytes(flat))
+                moved.extend(tensor_bytes(ids) for _, ids, _, _, crossing in items if crossing)
+            with tf.device(device):
+                widths = [int(item[2].shape[1]) for item in items]
+                sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
+                pieces = tf.split(flat, sizes, num=len(items))
+                pushes = [_push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
+                          for item, piece, width in zip(items, pieces, widths)]
+                self.push_on[device] = tf.group(*pushes)
+                self.pushes.append(self.push_on[device])
+
+    def _boundaries(self, found, model_optimizer) -> None:
+        """Rank 0: each shard takes every rank's push and ends the step; per server, one group of
+        them and one tensor of counters."""
+        size = self.topo.size
+        ended_on: Dict[str, list] = {}
+        counters_on: Dict[str, list] = {}
+        for table in table_lib.tables(found[0].rows.graph):
+            if not any(look.table is table for look in found):
+                continue
+            rule, boundaries = table.rule(model_optimizer), []
+            for shard in table.shards:
+                # after this rank's own push there (a wait on every push would cross servers)
+                with tf.device(shard.device), tf.control_dependencies([self.push_on[shard.device]]):
+                    taken = _accumulator(shard, table.dim + 1, table.options.dtype).take_indexed_slices_grad(size)
                     taken.indices.set_shape([None])
                     taken.values.set_shape([None, table.dim + 1])
                     distinct, position = tf.unique(taken.indices, out_idx=tf.int32)
@@ -53,14 +107,17 @@ class DynamicTablesStep:
                     mean = summed[:, :-1] / tf.cast(size, summed.dtype)
                     occurrences = tf.cast(tf.round(summed[:, -1]), tf.int64)
                     boundaries.append(shard.boundary(distinct, mean, occurrences, rule))
-            if self.topo.is_chief:
-                ended = table.end_step(boundaries)
-                self.boundaries.append(ended)
+            ended = table.end_step(boundaries)
+            for shard in table.shards:
+                ended_on.setdefault(shard.device, []).append(ended)
                 with tf.control_dependencies([ended]):
-                    counters = tf.add_n([shard.counters() for shard in table.shards])
-                self.counters[table.name] = tf.gather(counters, [0, 2, 3])     # rows, admitted, evicted
-        self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
-        self.lower_bound: list = []
+                    counters_on.setdefault(shard.device, []).append((table.name, shard.counters()))
+        for device in sorted(ended_on, key=str):
+            with tf.device(device):
+                self.boundaries.append(tf.group(*ended_on[device]))
+                packed = tf.stack([counters for _, counters in counters_on[device]])
+            for (name, _), row in zip(counters_on[device], tf.unstack(packed)):
+                self.counters[name] = self.counters.get(name, 0) + tf.gather(row, [0, 2, 3])   # rows, admitted, evicted
 
     @property
     def active(self) -> bool:
@@ -78,8 +135,57 @@ class DynamicTablesStep:
             token = _token_queue(topo.rank, topo).dequeue()
         return self.pushes + [token.op]
 
-    def _remote(self, device: str) -> bool:
+    def _remote(self, device) -> bool:
+        """Whether reaching `device` crosses processes (the first rank of a host serves it)."""
+        if device is None:
+            return False
         return not (tf.DeviceSpec.from_string(device).task == self.topo.host and self.topo.local_rank == 0)
+
+
+def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
+    """Rewires the reads of each server (and dtype) into one message of ids and one of rows;
+    sets every read's ids_on_server. Returns the bytes that cross, per message."""
+    by_device: Dict[tuple, list] = {}
+    for read in reads:
+        read.ids_on_server = read.ids
+        by_device.setdefault((read.shard.device, read.rows.dtype), []).append(read)
+    moved = []
+    for (device, _), group in sorted(by_device.items(), key=lambda kv: str(kv[0][0])):
+        if len(group) > 1:
+            counts = tf.stack([tf.size(read.ids, out_type=tf.int64) for read in group])
+            sent = tf.concat([counts] + [read.ids for read in group], 0)
+            with tf.device(device):
+                on_server = tf.split(sent[len(group):], sent[:len(group)], num=len(group))
+                flat = [tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)]
+                packed = tf.concat(flat, 0)
+            widths = tf.constant([read.shard.options.dim for read in group], tf.int64)
+            for read, ids, piece in zip(group, on_server, tf.split(packed, counts * widths, num=len(group))):
+                new = tf.reshape(piece, [-1, read.shard.options.dim])
+                new.set_shape(read.rows.shape)
+                rewire(read.rows, new, set(read.rows.consumers()))
+                read.rows, read.ids_on_server = new, ids
+            if remote(device):
+                moved += [tensor_bytes(sent), tensor_bytes(packed)]
+        elif remote(device):
+            moved += [tensor_bytes(group[0].ids), tensor_bytes(group[0].rows)]
+    return moved
+
+
+def _dense(grad, rows) -> tf.Tensor:
+    return tf.zeros_like(rows) if grad is None else tf.convert_to_tensor(grad)
+
+
+def _payload(grads, counts) -> tf.Tensor:
+    """[n, dim + 1]: each id's gradient rows and its occurrences."""
+    return tf.concat([grads, tf.cast(counts, grads.dtype)[:, None]], 1)
+
+
+def _merged(looks, grads):
+    """A table read by several lookups: (distinct ids over all of them, their payloads)."""
+    ids = tf.concat([look.ids for look in looks], 0)
+    payload = tf.concat([_payload(_dense(grads[id(look)], look.rows), look.counts) for look in looks], 0)
+    distinct, position = tf.unique(ids, out_idx=tf.int32)
+    return distinct, tf.math.unsorted_segment_sum(payload, position, tf.size(distinct))
 
 
 def _accumulator(shard, width: int, dtype):
@@ -90,11 +196,10 @@ def _accumulator(shard, width: int, dtype):
                                                          reduction_type="SUM")
 
 
-def _push(accumulator, device, ids, payload) -> tf.Operation:
-    with tf.device(device):
-        shape = tf.constant([-1, int(payload.shape[1])], tf.int64)
-        return accumulator.apply_indexed_slices_grad(tf.IndexedSlices(payload, ids, shape),
-                                                     local_step=tf.constant(NEVER_STALE, tf.int64))
+def _push(accumulator, ids, payload) -> tf.Operation:
+    shape = tf.constant([-1, int(payload.shape[1])], tf.int64)
+    return accumulator.apply_indexed_slices_grad(tf.IndexedSlices(payload, ids, shape),
+                                                 local_step=tf.constant(NEVER_STALE, tf.int64))
 
 
 def _token_queue(rank: int, topo):
