@@ -173,6 +173,20 @@ def test_the_feature_column_embeds_as_input_layer_does_with_its_other_columns():
     assert not np.allclose(want[0], want[1])
 
 
+@pytest.mark.parametrize("initializer", [dynamic.uniform(), dynamic.normal(0.3)], ids=["uniform", "normal"])
+def test_the_compiled_initial_rows_equal_the_served_standard_ops(initializer):
+    with tf.Graph().as_default():
+        ids = tf.constant([0, 1, -1, 2 ** 62 + 7, -2 ** 63, 2 ** 63 - 1, 123456789], tf.int64)
+        compiled = initializer.rows(ids, 5, 1234567, tf.float32)
+        standard = initializer.rows(ids, 5, 1234567, tf.float32, standard_ops=True)
+        kinds = {op.type for op in tf.compat.v1.get_default_graph().get_operations()}
+        with tf.compat.v1.Session() as sess:
+            got, want = sess.run([compiled, standard])
+    assert "ParallaxIdUniform" in kinds
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) == got.size
+
+
 def test_ids_from_a_huge_range_train_in_bounded_memory():
     rng = np.random.RandomState(3)
     batches = [rng.randint(0, 2 ** 62, size=(16, 3), dtype=np.int64) for _ in range(40)]   # every id new

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 STRING_BUCKETS = 2 ** 63 - 1
@@ -44,10 +45,17 @@ def owner(ids: tf.Tensor, shards: int) -> tf.Tensor:
     return tf.cast(mixed % tf.constant(shards, tf.uint64), tf.int32)
 
 
-def unit_uniform(ids: tf.Tensor, dim: int, seed: int) -> tf.Tensor:
-    """[len(ids), dim] float64 in [0, 1): element j of id i is a hash of (seed, i, j)."""
-    base = mix(tf.bitcast(ids, tf.uint64) ^ tf.constant(mix_int(seed), tf.uint64))
-    counters = tf.constant([(j + 1) * _GOLDEN % 2 ** 64 for j in range(dim)], tf.uint64)
+def unit_uniform(ids: tf.Tensor, dim: int, seed: int, standard_ops: bool = False) -> tf.Tensor:
+    """[len(ids), dim] float64 in [0, 1): element j of id i is a hash of (seed, i, j). One
+    compiled op in training; `standard_ops`: TensorFlow's own bitwise ops (a served model), the
+    same integers and so the same values."""
+    salt = mix_int(seed)
+    if not standard_ops:
+        from parallax_tf import ops
+        return ops.id_uniform(ids, dim, salt - 2 ** 64 if salt >= 2 ** 63 else salt)
+    base = mix(tf.bitcast(ids, tf.uint64) ^ tf.constant(salt, tf.uint64))
+    # (a list of Python ints above 2^53 would pass through float64 on its way to a tensor)
+    counters = tf.constant(np.array([(j + 1) * _GOLDEN % 2 ** 64 for j in range(dim)], np.uint64))
     bits = mix(base[:, None] + counters[None, :])
     top53 = tf.bitwise.right_shift(bits, tf.constant(11, tf.uint64))
     return tf.cast(top53, tf.float64) * (1.0 / 2 ** 53)
@@ -65,7 +73,7 @@ def mix_int(value: int) -> int:
 class RowInitializer:
     """A row per id, computed from the id alone: `rows(ids, dim, seed, dtype)`."""
 
-    def rows(self, ids: tf.Tensor, dim: int, seed: int, dtype) -> tf.Tensor:
+    def rows(self, ids: tf.Tensor, dim: int, seed: int, dtype, standard_ops: bool = False) -> tf.Tensor:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -79,9 +87,9 @@ class uniform(RowInitializer):  # noqa: N801  (reads like TF's initializers: ptf
     def __init__(self, scale: float = None):
         self.scale = scale
 
-    def rows(self, ids, dim, seed, dtype):
+    def rows(self, ids, dim, seed, dtype, standard_ops=False):
         scale = self.scale if self.scale is not None else math.sqrt(3.0 / dim)
-        return tf.cast((2.0 * unit_uniform(ids, dim, seed) - 1.0) * scale, dtype)
+        return tf.cast((2.0 * unit_uniform(ids, dim, seed, standard_ops) - 1.0) * scale, dtype)
 
     def describe(self):
         return f"uniform({self.scale if self.scale is not None else 'sqrt(3/dim)'})"
@@ -93,7 +101,7 @@ class constant(RowInitializer):  # noqa: N801
     def __init__(self, value: float = 0.0):
         self.value = float(value)
 
-    def rows(self, ids, dim, seed, dtype):
+    def rows(self, ids, dim, seed, dtype, standard_ops=False):
         return tf.fill(tf.stack([tf.size(ids), dim]), tf.constant(self.value, dtype))
 
     def describe(self):
@@ -107,10 +115,10 @@ class normal(RowInitializer):  # noqa: N801
     def __init__(self, stddev: float = None):
         self.stddev = stddev
 
-    def rows(self, ids, dim, seed, dtype):
+    def rows(self, ids, dim, seed, dtype, standard_ops=False):
         stddev = self.stddev if self.stddev is not None else 1.0 / math.sqrt(dim)
-        u1 = unit_uniform(ids, dim, seed)
-        u2 = unit_uniform(ids, dim, mix_int(seed + 1))
+        u1 = unit_uniform(ids, dim, seed, standard_ops)
+        u2 = unit_uniform(ids, dim, mix_int(seed + 1), standard_ops)
         z = tf.sqrt(-2.0 * tf.math.log1p(-u1)) * tf.cos(2.0 * math.pi * u2)
         return tf.cast(tf.clip_by_value(z, -2.0, 2.0) * stddev, dtype)
 

@@ -29,6 +29,6 @@ class ServedRows:
         found = tf.logical_and(at < tf.size(live), tf.equal(tf.gather(padded_ids, at), ids))
         padded = tf.concat([self.values.read_value(), tf.zeros([1, opts.dim], opts.dtype)], 0)
         stored = tf.gather(padded, tf.where(found, at, tf.size(live)))
-        fresh = opts.initializer.rows(ids, opts.dim, opts.seed, opts.dtype) if opts.admit_after == 1 \
-            else tf.zeros_like(stored)
+        fresh = (opts.initializer.rows(ids, opts.dim, opts.seed, opts.dtype, standard_ops=True)
+                 if opts.admit_after == 1 else tf.zeros_like(stored))
         return tf.where(found[:, None], stored, fresh)

@@ -12,6 +12,7 @@ from the step's gradients already summed over the ranks (`boundary`)."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
@@ -31,6 +32,20 @@ class TableOptions:
     admit_after: int = 1
     evict_after_steps: Optional[int] = None
     capacity: Optional[int] = None
+
+
+_CONSTANTS: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def _const(device: Optional[str], value, dtype) -> tf.Tensor:
+    """One constant per (graph, device, value) however many shards and tables use it: a step
+    runs every constant it reaches as an op of its own."""
+    cache = _CONSTANTS.setdefault(tf.compat.v1.get_default_graph(), {})
+    key = (device, repr(value), tf.as_dtype(dtype).name)
+    if key not in cache:
+        with tf.control_dependencies(None), tf.device(device):
+            cache[key] = tf.constant(value, dtype)
+    return cache[key]
 
 
 def _table(shared_name: str, key_dtype, value_dtype, value_shape):
@@ -94,10 +109,23 @@ class Shard:
         admission is on first use (admit_after 1), else zeros."""
         opts = self.options
         with tf.device(self.device):
-            live = _find(self.meta, ids, tf.constant([0, -1, 0], tf.int64))[:, 2] > 0
-            stored = _find(self.values, ids, tf.zeros([opts.dim], opts.dtype))
+            live = self._live(_find(self.meta, ids, self._meta_default()))
+            stored = _find(self.values, ids, self._row_default())
             fresh = self.initial_rows(ids) if opts.admit_after == 1 else tf.zeros_like(stored)
-            return tf.where(live[:, None], stored, fresh)
+            return tf.where(live, stored, fresh)
+
+    def _meta_default(self):
+        return _const(self.device, [0, -1, 0], tf.int64)
+
+    def _row_default(self):
+        return _const(self.device, [0.0] * self.options.dim, self.options.dtype)
+
+    def _clock_key(self):
+        return _const(self.device, [0], tf.int64)
+
+    def _live(self, meta):
+        """[n, 1] bool: which of the rows of `meta` are live."""
+        return tf.greater(meta[:, 2:], _const(self.device, 0, tf.int64))
 
     def initial_rows(self, ids):
         opts = self.options
@@ -106,9 +134,9 @@ class Shard:
     def counters(self) -> tf.Tensor:
         """int64 [4]: live rows, boundaries so far, rows admitted, rows evicted."""
         with tf.device(self.device):
-            clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
+            clock = _find(self.clock, self._clock_key(), _const(self.device, [0] * CLOCK_COLUMNS, tf.int64))
             rows = tf.raw_ops.LookupTableSizeV2(table_handle=self.values)
-            return tf.concat([[rows], clock], 0)
+            return tf.concat([tf.reshape(rows, [1]), tf.reshape(clock, [CLOCK_COLUMNS])], 0)
 
     # ---- the step boundary -----------------------------------------------------------------------
     def boundary(self, ids, grads, counts, rule) -> tf.Operation:
@@ -119,39 +147,51 @@ class Shard:
         opts = self.options
         self.with_slots(rule.slots)
         with tf.device(self.device):
-            clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
-            step = clock[0]
-            meta = _find(self.meta, ids, tf.constant([0, -1, 0], tf.int64))
-            live = meta[:, 2] > 0
-            seen = meta[:, 0] + counts
-            trained = tf.ones_like(live) if opts.admit_after == 1 else live
-            admitted = tf.logical_and(tf.logical_not(live), seen >= opts.admit_after)
-            writes = [self._train(tf.boolean_mask(ids, trained), tf.boolean_mask(grads, trained),
-                                  tf.boolean_mask(live, trained), rule, step)]
-            if opts.admit_after > 1:        # admitted now, from the initial row, without this step's gradient
-                fresh = tf.boolean_mask(ids, admitted)
+            clock = _find(self.clock, self._clock_key(), _const(self.device, [0] * CLOCK_COLUMNS, tf.int64))[0]
+            step, admitted_before, evicted_before = tf.unstack(clock)
+            meta = _find(self.meta, ids, self._meta_default())
+            count, _, _ = tf.unstack(meta, axis=1)
+            live = self._live(meta)                       # [n, 1]
+            seen = count + counts
+            if opts.admit_after == 1:       # every id trains: a new one from its initial row
+                admitted = tf.logical_not(live)
+                writes = [self._train(ids, grads, live, rule, step)]
+            else:                           # live ids train; an id reaching admit_after gets its
+                admitted = tf.logical_and(tf.logical_not(live),           # initial row, no gradient
+                                          tf.greater_equal(seen, opts.admit_after)[:, None])
+                trained = tf.reshape(live, [-1])
+                writes = [self._train(tf.boolean_mask(ids, trained), tf.boolean_mask(grads, trained), None, rule,
+                                      step)]
+                fresh = tf.boolean_mask(ids, tf.reshape(admitted, [-1]))
                 writes.append(self._write(fresh, self.initial_rows(fresh),
                                           {s: self._slot_start(s, fresh) for s in self.slots}))
             now_live = tf.cast(tf.logical_or(live, admitted), tf.int64)
-            writes.append(_insert(self.meta, ids, tf.stack([seen, tf.fill(tf.shape(seen), step), now_live], 1)))
+            writes.append(_insert(self.meta, ids, tf.concat([seen[:, None], tf.ones_like(now_live) * step,
+                                                             now_live], 1)))
             with tf.control_dependencies(writes):
                 evicted = self._evict(step)
             with tf.control_dependencies([evicted]):
-                new_clock = tf.stack([step + 1, clock[1] + tf.reduce_sum(tf.cast(admitted, tf.int64)),
-                                      clock[2] + evicted])
-                return _insert(self.clock, tf.zeros([1], tf.int64), new_clock[None, :])
+                new_clock = tf.stack([step + 1, admitted_before + tf.reduce_sum(tf.cast(admitted, tf.int64)),
+                                      evicted_before + evicted])
+                return _insert(self.clock, self._clock_key(), new_clock[None, :])
 
     def _train(self, ids, grads, live, rule, step) -> tf.Operation:
-        rows = tf.where(live[:, None], _find(self.values, ids, tf.zeros([self.options.dim], self.options.dtype)),
-                        self.initial_rows(ids))
-        slots = {s: tf.where(live[:, None], _find(t, ids, tf.zeros([self.options.dim], self.options.dtype)),
-                             self._slot_start(s, ids)) for s, t in self.slots.items()}
+        """The rule on `ids`' rows and slots: stored ones where `live` ([n, 1]; None: all are),
+        else initial ones."""
+        stored = _find(self.values, ids, self._row_default())
+        found = {s: _find(t, ids, self._row_default()) for s, t in self.slots.items()}
+        if live is None:
+            rows, slots = stored, found
+        else:
+            rows = tf.where(live, stored, self.initial_rows(ids))
+            slots = {s: tf.where(live, value, self._slot_start(s, ids)) for s, value in found.items()}
         rows, slots = rule.apply(rows, slots, grads, step)
         return self._write(ids, rows, slots)
 
     def _slot_start(self, slot, ids):
-        return tf.fill(tf.stack([tf.size(ids), self.options.dim]),
-                       tf.constant(self.slot_initial[slot], self.options.dtype))
+        """The slot's initial value for each of `ids`."""
+        return tf.zeros_like(ids, self.options.dtype)[:, None] + _const(
+            self.device, [self.slot_initial[slot]] * self.options.dim, self.options.dtype)
 
     def _write(self, ids, rows, slots) -> tf.Operation:
         return tf.group(_insert(self.values, ids, rows), *[_insert(self.slots[s], ids, v) for s, v in slots.items()])
@@ -163,9 +203,10 @@ class Shard:
         if opts.evict_after_steps is None:
             return tf.constant(0, tf.int64)
         keys, meta = _export(self.meta, tf.int64, tf.int64, [META_COLUMNS])
-        stale = meta[:, 1] <= step - opts.evict_after_steps
+        _, last_seen, flag = tf.unstack(meta, axis=1)
+        stale = last_seen <= step - opts.evict_after_steps
         with tf.control_dependencies([self.remove(tf.boolean_mask(keys, stale))]):
-            return tf.reduce_sum(tf.cast(tf.logical_and(stale, meta[:, 2] > 0), tf.int64))
+            return tf.reduce_sum(tf.cast(tf.logical_and(stale, flag > 0), tf.int64))
 
     def tracked(self):
         """(ids, last step seen, live) of every id the shard tracks."""

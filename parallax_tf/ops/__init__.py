@@ -36,6 +36,7 @@ def load():
         tf.no_gradient("ParallaxFlatScatterUpdate")
         tf.no_gradient("ParallaxStaleApply")
         tf.no_gradient("ParallaxVersionedRead")
+        tf.no_gradient("ParallaxIdUniform")
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
                      "ParallaxStashBatches"):
             tf.no_gradient(name)
@@ -141,6 +142,12 @@ def stash_size(handle):
 def stash_batches(handle):
     """The batches the stash holds, oldest first (int64 vector): empty once the pipeline drained."""
     return load().parallax_stash_batches(handle=handle)
+
+
+def id_uniform(ids, dim: int, salt: int):
+    """[len(ids), dim] doubles in [0, 1), each a hash of (salt, id, column): see
+    parallax_tf/dynamic/ids.py, whose standard-op form it equals."""
+    return load().parallax_id_uniform(ids=ids, dim=dim, salt=salt)
 
 
 def _handle(variable):
