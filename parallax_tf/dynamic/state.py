@@ -30,6 +30,7 @@ class DynamicState:
         self.tables = tables
         self._exports = {t.name: [shard.export() for shard in t.shards] for t in tables}
         self._feeds: Dict[str, tf.Tensor] = {}
+        self._live: Dict[str, tf.Tensor] = {}       # table -> per seen id, 1 where it has a row
         self._loads = []
         for table in tables:
             self._loads.append(self._build_load(table))
@@ -63,12 +64,12 @@ class DynamicState:
         """Replaces every table's contents with `values` (its keys; a table without them is emptied)."""
         feeds = {}
         for table in self.tables:
+            given = {}
             for key in self._table_keys(table):
                 name = key[len(table.name) + 1:]
-                if key in values:
-                    feeds[self._feeds[key]] = np.asarray(values[key])
-                else:
-                    feeds[self._feeds[key]] = _empty(name, table)
+                given[name] = np.asarray(values[key]) if key in values else _empty(name, table)
+                feeds[self._feeds[key]] = given[name]
+            feeds[self._live[table.name]] = np.isin(given["seen_ids"], given["ids"]).astype(np.int64)
         sess.run(self._loads, feeds)
 
     def _build_load(self, table) -> tf.Operation:
@@ -83,13 +84,14 @@ class DynamicState:
             else:
                 shape, kind = [None, dim], dtype
             whole[name] = self._feeds[key] = tf.compat.v1.placeholder(kind, shape, name=f"parallax_load_{name}")
+        whole["live"] = self._live[table.name] = tf.compat.v1.placeholder(tf.int64, [None], name="parallax_load_live")
         count = len(table.shards)
         by_row = tf.dynamic_partition(tf.range(tf.size(whole["ids"])), id_lib.owner(whole["ids"], count), count)
         by_seen = tf.dynamic_partition(tf.range(tf.size(whole["seen_ids"])),
                                        id_lib.owner(whole["seen_ids"], count), count)
         loads = []
         for index, shard in enumerate(table.shards):
-            parts = {name: tf.gather(value, by_seen[index] if name in SEEN_GROUP else by_row[index])
+            parts = {name: tf.gather(value, by_seen[index] if name in SEEN_GROUP + ("live",) else by_row[index])
                      for name, value in whole.items() if name != "clock"}
             # every shard counts the same boundaries; the admitted and evicted totals stay on shard 0
             clock = whole["clock"] * (tf.constant([1, 1, 1], tf.int64) if index == 0 else

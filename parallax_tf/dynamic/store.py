@@ -240,10 +240,10 @@ class Shard:
             return out
 
     def load(self, parts: Dict[str, tf.Tensor]) -> tf.Operation:
-        """Replaces the shard's contents with `parts` (export's keys, this shard's ids only; the
-        clock as it was saved)."""
+        """Replaces the shard's contents with `parts` (export's keys, this shard's ids only, and
+        "live": 1 for each of seen_ids that has a row; the clock as it was saved)."""
         with tf.device(self.device):
-            live = tf.cast(_contains(parts["seen_ids"], parts["ids"]), tf.int64)
+            live = parts["live"]
             ops = [_import(self.values, parts["ids"], parts["values"]),
                    _import(self.meta, parts["seen_ids"], tf.stack([parts["counts"], parts["last_seen"], live], 1)),
                    _import(self.clock, tf.zeros([1], tf.int64), parts["clock"][None, :])]
@@ -286,11 +286,3 @@ def _least_recent(keys, last_seen):
     by_id = tf.argsort(keys, stable=True)
     by_seen = tf.argsort(tf.gather(last_seen, by_id), stable=True)
     return tf.gather(tf.gather(keys, by_id), by_seen)
-
-
-def _contains(candidates, members):
-    """Per candidate, whether it is among `members`."""
-    sorted_members = tf.sort(members)
-    at = tf.searchsorted(sorted_members, candidates)
-    padded = tf.concat([sorted_members, tf.zeros([1], sorted_members.dtype)], 0)
-    return tf.logical_and(at < tf.size(members), tf.equal(tf.gather(padded, at), candidates))

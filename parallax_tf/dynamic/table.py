@@ -28,17 +28,21 @@ _IN_GRAPH: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, list]]" = weakref.Weak
 COMBINERS = ("sum", "mean", "sqrtn")
 _SHARD_DEVICES: List[Optional[str]] = [None]    # where the tables built now put their shards
 _SERVING = [False]                               # tables built now serve from a checkpoint's arrays
+_DEFERRED = [False]                              # their reads are left to the step (packed per server)
 
 
 @contextlib.contextmanager
-def sharded_over(devices: Sequence[str]):
-    """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host)."""
+def sharded_over(devices: Sequence[str], deferred: bool = False):
+    """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host). With
+    `deferred`, a lookup's shard reads are stand-ins of the right shape that the step replaces
+    by its own reads (ShardRead.deferred), so no read is built twice."""
     global _SHARD_DEVICES
     before, _SHARD_DEVICES = _SHARD_DEVICES, list(devices)
+    deferred_before, _DEFERRED[0] = _DEFERRED[0], deferred
     try:
         yield
     finally:
-        _SHARD_DEVICES = before
+        _SHARD_DEVICES, _DEFERRED[0] = before, deferred_before
 
 
 @contextlib.contextmanager
@@ -62,6 +66,14 @@ class ShardRead:
     where: Optional[tf.Tensor]
     rows: tf.Tensor
     ids_on_server: Optional[tf.Tensor] = None
+    deferred: bool = False          # `rows` stands in for the read the step builds
+
+
+def _read_or_defer(shard: Shard, ids, where) -> ShardRead:
+    if not _DEFERRED[0]:
+        return ShardRead(shard, ids, where, shard.read(ids))
+    stand_in = tf.zeros_like(ids, shard.options.dtype)[:, None] + tf.zeros([shard.options.dim], shard.options.dtype)
+    return ShardRead(shard, ids, where, stand_in, deferred=True)
 
 
 @dataclasses.dataclass
@@ -139,13 +151,13 @@ class DynamicEmbedding:
             return self.served.read(distinct), position
         counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.int64), position, tf.size(distinct))
         if len(self.shards) == 1:
-            reads = [ShardRead(self.shards[0], distinct, None, self.shards[0].read(distinct))]
+            reads = [_read_or_defer(self.shards[0], distinct, None)]
             rows = reads[0].rows
         else:
             owner = id_lib.owner(distinct, len(self.shards))
             parts = tf.dynamic_partition(distinct, owner, len(self.shards))
             where = tf.dynamic_partition(tf.range(tf.size(distinct)), owner, len(self.shards))
-            reads = [ShardRead(shard, part, at, shard.read(part)) for shard, part, at in zip(self.shards, parts, where)]
+            reads = [_read_or_defer(shard, part, at) for shard, part, at in zip(self.shards, parts, where)]
             rows = tf.dynamic_stitch(where, [read.rows for read in reads])
         rows = tf.identity(rows, name="rows")
         _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts, reads))

@@ -151,7 +151,7 @@ def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
         by_device.setdefault((read.shard.device, read.rows.dtype), []).append(read)
     moved = []
     for (device, _), group in sorted(by_device.items(), key=lambda kv: str(kv[0][0])):
-        if len(group) > 1:
+        if len(group) > 1 or group[0].deferred:
             counts = tf.stack([tf.size(read.ids, out_type=tf.int64) for read in group])
             sent = tf.concat([counts] + [read.ids for read in group], 0)
             with tf.device(device):

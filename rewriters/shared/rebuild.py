@@ -63,7 +63,7 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
     # a dynamic table's shards: one per host's parameter server (--partitions: that many, in turn)
     shards = plan.dynamic_tables[0].shards if plan.dynamic_tables else plan.num_hosts
-    with dynamic.sharded_over([f"/job:ps/task:{k % plan.num_hosts}" for k in range(shards)]):
+    with dynamic.sharded_over([f"/job:ps/task:{k % plan.num_hosts}" for k in range(shards)], deferred=True):
         training = _build_placed(request, on_servers, on_ranks, step_on_server)
     parts = _parts_by_logical_name(plan)
     trained = {v.name for v in plan.trained}
