@@ -26,7 +26,8 @@ setup(
     # Native pieces. The bind shim is preloaded into ranks (not imported) so TF's servers listen
     # on the launcher's address only; see parallax_tf/runtime/bind.py.
     # The compiled ops: significance selection (Slim-DP), staleness-scaled async apply (PS+),
-    # input stash (DSP), flat scatter (Slim-DP's pulls); see parallax_tf/ops/.
+    # input stash (DSP), flat scatter (Slim-DP's pulls), per-id uniforms (dynamic tables); see
+    # parallax_tf/ops/.
     ext_modules=[Extension("parallax_tf._bindshim", ["parallax_tf/native/bind_shim.c"], libraries=["dl"]),
                  _ops_extension()],
 )

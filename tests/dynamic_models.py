@@ -40,13 +40,15 @@ def global_batch(size: int, step: int, strings: bool = False):
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def model_fn(optimizer: str, strings: bool = False, **table_options):
-    """Model(loss, optimizer) over a dynamic table `emb` and one dense layer `dense`."""
+def model_fn(optimizer: str, strings: bool = False, twice: bool = False, **table_options):
+    """Model(loss, optimizer) over a dynamic table `emb` and one dense layer `dense`. `twice`:
+    the table is read by two lookups (the first two features, then the third): the same model."""
     def build():
         ids = tf.compat.v1.placeholder(tf.string if strings else tf.int64, [None, FEATURES], name="ids")
         y = tf.compat.v1.placeholder(tf.float32, [None], name="y")
         table = dynamic.DynamicEmbedding("emb", DIM, **table_options)
-        rows = table.lookup(ids)                                     # [batch, features, dim]
+        rows = table.lookup(ids) if not twice else \
+            tf.concat([table.lookup(ids[:, :2]), table.lookup(ids[:, 2:])], 1)    # [batch, features, dim]
         dense = tf.compat.v1.get_variable("dense", initializer=tf.constant([[0.3], [-0.2], [0.1]]))
         pred = tf.reshape(tf.matmul(tf.reduce_sum(rows, 1), dense), [-1])
         loss = tf.reduce_mean(tf.square(pred - y))

@@ -27,6 +27,8 @@ TWO_RANKS = [   # name, strategy, optimizer, table options, further flags
     ("hybrid_momentum_strings", "hybrid", "momentum", {}, ["--strings=true"]),
     ("allreduce_sgd_evict", "allreduce", "sgd", {"evict_after_steps": 2}, []),
     ("collective_adagrad_admit", "collective", "adagrad", {"admit_after": 2}, ["--partitions=2"]),
+    # two lookups of the table: their ids merged before the push; the same model as one lookup
+    ("hybrid_adagrad_two_lookups", "hybrid", "adagrad", {"admit_after": 2}, ["--partitions=2", "--twice=true"]),
 ]
 THREE_RANKS = [
     ("hybrid_adagrad_admit_evict", "hybrid", "adagrad", {"admit_after": 2, "evict_after_steps": 3}, ["--partitions=2"]),

@@ -227,17 +227,20 @@ def step_rows(loss) -> List[StepRows]:
     out = []
     for table in tables(loss.graph):
         mine = [(look, g) for look, g in zip(found, grads) if look.table is table]
-        if not mine:
-            continue
-        ids = tf.concat([look.ids for look, _ in mine], 0)
-        dense = [tf.zeros_like(look.rows) if g is None else tf.convert_to_tensor(g) for look, g in mine]
-        distinct, position = tf.unique(ids, out_idx=tf.int32)
-        n = tf.size(distinct)
-        out.append(StepRows(table, distinct, tf.math.unsorted_segment_sum(tf.concat(dense, 0), position, n),
-                            tf.math.unsorted_segment_sum(tf.concat([look.counts for look, _ in mine], 0),
-                                                         position, n),
-                            [look.rows.op for look, _ in mine]))
+        if mine:
+            out.append(StepRows(table, *merged(mine), [look.rows.op for look, _ in mine]))
     return out
+
+
+def merged(lookups_and_grads):
+    """(distinct ids, their summed gradient rows, their occurrences) over several lookups of one
+    table, each given with the loss's gradient for its rows (None: the loss does not reach it)."""
+    ids = tf.concat([look.ids for look, _ in lookups_and_grads], 0)
+    dense = [tf.zeros_like(look.rows) if g is None else tf.convert_to_tensor(g) for look, g in lookups_and_grads]
+    distinct, position = tf.unique(ids, out_idx=tf.int32)
+    n = tf.size(distinct)
+    return (distinct, tf.math.unsorted_segment_sum(tf.concat(dense, 0), position, n),
+            tf.math.unsorted_segment_sum(tf.concat([look.counts for look, _ in lookups_and_grads], 0), position, n))
 
 
 def partition(rows_ids, values: Sequence[tf.Tensor], shards: int):

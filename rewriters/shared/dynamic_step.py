@@ -58,9 +58,9 @@ class DynamicTablesStep:
                     part = payload if read.where is None else tf.gather(payload, read.where)
                     sent.append((read.shard, read.ids_on_server, part, reads, False))
             else:
-                rows = _merged(mine, grads)
-                for shard, (ids, part) in zip(table.shards, table_lib.partition(rows[0], [rows[1]],
-                                                                                len(table.shards))):
+                distinct, summed, counts = table_lib.merged([(look, grads[id(look)]) for look in mine])
+                for shard, (ids, part) in zip(table.shards, table_lib.partition(
+                        distinct, [_payload(summed, counts)], len(table.shards))):
                     sent.append((shard, ids, part, reads, True))
         self._push(sent, moved)
         if self.topo.is_chief:
@@ -178,14 +178,6 @@ def _dense(grad, rows) -> tf.Tensor:
 def _payload(grads, counts) -> tf.Tensor:
     """[n, dim + 1]: each id's gradient rows and its occurrences."""
     return tf.concat([grads, tf.cast(counts, grads.dtype)[:, None]], 1)
-
-
-def _merged(looks, grads):
-    """A table read by several lookups: (distinct ids over all of them, their payloads)."""
-    ids = tf.concat([look.ids for look in looks], 0)
-    payload = tf.concat([_payload(_dense(grads[id(look)], look.rows), look.counts) for look in looks], 0)
-    distinct, position = tf.unique(ids, out_idx=tf.int32)
-    return distinct, tf.math.unsorted_segment_sum(payload, position, tf.size(distinct))
 
 
 def _accumulator(shard, width: int, dtype):
