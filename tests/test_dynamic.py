@@ -197,8 +197,11 @@ def test_ids_from_a_huge_range_train_in_bounded_memory():
         loss = tf.reduce_sum(tf.square(table.lookup(ids)))
         train = dynamic.step(loss, tf.compat.v1.train.AdagradOptimizer(0.1))
         rows, tracked = table.shards[0].counters()[0], tf.size(table.shards[0].tracked()[0])
+        sizes = []
         with tf.compat.v1.Session() as sess:
-            sizes = [sess.run([train, rows, tracked], {ids: b})[1:] for b in batches]
+            for batch in batches:     # the sizes read once the step (its boundary) is over
+                sess.run(train, {ids: batch})
+                sizes.append(sess.run([rows, tracked]))
     assert max(r for r, _ in sizes) == 64 and max(t for _, t in sizes) == 64    # 96 new ids a step, 64 kept
 
 
