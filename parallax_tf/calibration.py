@@ -33,6 +33,11 @@ class Calibration:
     ring_cpu_s_per_byte: float = 0.0
     # per byte of the dense variables a rank keeps a replica of (update, fusion buffer copies)
     replica_cpu_s_per_byte: float = 0.0
+    # the alltoall route: per step when any table takes it (three exchanges, Horovod's and gloo's
+    # work for each), and per table on it (its lookups' grouping, de-duplication and expansion);
+    # the default per table is recsys' on 8 emulated hosts at 1 Gbit (collective against horovod)
+    exchange_cpu_s: float = 0.0
+    exchange_table_cpu_s: float = 0.6e-3
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip
     message_overhead_s: float = 150e-6
     rpc_overhead_s: float = 1e-3
@@ -44,11 +49,11 @@ class Calibration:
 
 
 REQUIRED = ("runtime_cpu_s", "task_cpu_s", "message_overhead_s", "rpc_overhead_s")
-# files written before these existed lack them: 0 (some have gather_cpu_s_per_byte, an
+# files written before these existed lack them: the defaults above (some have gather_cpu_s_per_byte, an
 # allgather-only term that is ignored; before ring_cpu_s_per_byte the received term covered
 # ring bytes too, so an older file leaves them free: calibrate again)
 LATER = ("peer_cpu_s", "master_cpu_s", "received_cpu_s_per_byte", "ring_cpu_s_per_byte", "serve_cpu_s",
-         "replica_cpu_s_per_byte")
+         "replica_cpu_s_per_byte", "exchange_cpu_s", "exchange_table_cpu_s")
 
 
 def path(flag_value: Optional[str] = None) -> str:
@@ -63,7 +68,8 @@ def load(where: Optional[str] = None) -> Calibration:
     try:
         with open(where) as f:
             data = json.load(f)
-        got = Calibration(**{k: float(data[k]) for k in REQUIRED}, **{k: float(data.get(k, 0.0)) for k in LATER},
+        got = Calibration(**{k: float(data[k]) for k in REQUIRED},
+                          **{k: float(data.get(k, getattr(Calibration, k))) for k in LATER},
                           source=where, measured=data.get("measured", {}))
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"calibration file {where} is unreadable ({err!r}); run python -m tools.calibrate "

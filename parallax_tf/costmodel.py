@@ -66,11 +66,9 @@ class Cluster:
     received_cpu_s_per_byte: float = _DEFAULTS.received_cpu_s_per_byte
     ring_cpu_s_per_byte: float = _DEFAULTS.ring_cpu_s_per_byte
     replica_cpu_s_per_byte: float = _DEFAULTS.replica_cpu_s_per_byte
+    exchange_cpu_s: float = _DEFAULTS.exchange_cpu_s
+    exchange_table_cpu_s: float = _DEFAULTS.exchange_table_cpu_s
     calibration: str = _DEFAULTS.source
-    # CPU a rank spends per step for each table on the alltoall route (the exchange's own ops
-    # and Horovod's work for them). Measured, not calibrated: recsys on 8 emulated hosts at 1
-    # Gbit, strategy collective 28.8 ms per rank and step against horovod's 16.4, 20 tables.
-    exchange_cpu_s: float = 0.6e-3
 
     @classmethod
     def calibrated(cls, hosts: int, ranks_per_host: int, bandwidth_bytes_per_s: float, delay_s: float = 0.0,
@@ -301,7 +299,7 @@ def shard_hosts(loads, choices, cluster) -> Dict[str, List[int]]:
 # the calibrated CPU terms (tools.calibrate fits them) and the Cluster constant of each
 CPU_TERMS = {"runtime": "runtime_cpu_s", "peer": "peer_cpu_s", "master": "master_cpu_s", "task": "task_cpu_s",
              "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte",
-             "replica": "replica_cpu_s_per_byte"}
+             "replica": "replica_cpu_s_per_byte", "exchange": "exchange_cpu_s", "exchange_table": "exchange_table_cpu_s"}
 
 
 def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster,
@@ -313,24 +311,25 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     pushes its task serves included) and by ring AllReduce, and the bytes of the dense
     variables it keeps a replica of (it applies their update and copies their gradient into and
     out of Horovod's fusion buffer, whatever the ranks: in the lm and cnn calibration runs the
-    CPU per ring byte fell from 2 ranks to 8, which one term per ring byte cannot fit)."""
+    CPU per ring byte fell from 2 ranks to 8, which one term per ring byte cannot fit), and
+    for the alltoall route 1 if any table takes it (its three exchanges) and its tables."""
     traffic, messages, servers = flows or _traffic(loads, choices, cluster)   # flows: predict's own
     master = float(runs_through_master(loads, choices))
     replicas = float(sum(l.bytes for l in loads if l.gradient == "dense" and choices[l.name].route == ROUTE_ALLREDUCE))
+    exchanged = float(sum(choices[l.name].route == ROUTE_ALLTOALL and l.gradient == "sparse" for l in loads))
     L = cluster.ranks_per_host
     return [{"runtime": 1.0, "peer": float(cluster.ranks - 1), "master": master,
              "task": float(len(servers) - (host in servers)), "served": float(messages[host]),
              "received": (traffic[GATHER][1][host] + traffic[POINT][1][host] + traffic[EXCHANGE][1][host]) / L,
-             "ring": traffic[RING][1][host] / L,
-             "replica": replicas} for host in range(cluster.hosts)]
+             "ring": traffic[RING][1][host] / L, "replica": replicas,
+             "exchange": float(exchanged > 0), "exchange_table": exchanged} for host in range(cluster.hosts)]
 
 
 def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float,
                flows: Optional[tuple] = None) -> List[float]:
     """CPU per step of each host's first rank: its compute and the calibrated terms."""
-    exchanged = sum(choices[l.name].route == ROUTE_ALLTOALL and l.gradient == "sparse" for l in loads)
     return [compute_s + sum(getattr(cluster, CPU_TERMS[k]) * v for k, v in terms.items())
-            + exchanged * cluster.exchange_cpu_s for terms in host_cpu_terms(loads, choices, cluster, flows)]
+            for terms in host_cpu_terms(loads, choices, cluster, flows)]
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:

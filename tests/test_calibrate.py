@@ -22,9 +22,11 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     path = os.path.join(tempfile.mkdtemp(), "calibration.json")
     # (a batch of 32 from 16 rows: its allgather moves more than its PS traffic, so the runs
     # separate the terms; with 8 ids both move the same bytes. A small CNN is the dense model,
-    # and a smaller one its second size.)
+    # and a smaller one its second size; recsys' 19 tables beside the mlp's one separate the
+    # alltoall route's CPU per step from its CPU per table.)
     proc = _run(["tools.calibrate", "--model=mlp", "--mlp_batch=32", "--cal_dense_model=cnn", "--cnn_conv_channels=4,8",
-                 "--cnn_fc_units=64", "--cal_small_dense=--cnn_fc_units=8", "--cal_hosts=3", "--cal_few_hosts=2",
+                 "--cnn_fc_units=64", "--cal_small_dense=--cnn_fc_units=8", "--cal_exchange_model=recsys",
+                 "--recsys_user_buckets=1000", "--recsys_batch=16", "--cal_hosts=3", "--cal_few_hosts=2",
                  "--steps=8", "--warmup=2", "--cal_round_trips=50", "--cal_repeats=1", f"--calibration={path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {path}" in proc.stdout
@@ -38,7 +40,8 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
         "hybrid_1": ("mlp", 3, 3), "hybrid_3": ("mlp", 3, 3), "hybrid_1_on_2": ("mlp", 2, 2),
         "allreduce": ("mlp", 3, 3), "allreduce_on_2": ("mlp", 2, 2), "allreduce_cnn": ("cnn", 3, 3),
         "allreduce_cnn_on_2": ("cnn", 2, 2), "allreduce_cnn_small": ("cnn", 3, 3),
-        "allreduce_cnn_small_on_2": ("cnn", 2, 2)}
+        "allreduce_cnn_small_on_2": ("cnn", 2, 2), "collective": ("mlp", 3, 3), "collective_on_2": ("mlp", 2, 2),
+        "collective_recsys": ("recsys", 3, 3)}
     assert {name: run["model_flags"] for name, run in runs.items() if run["model_flags"]} == {
         "allreduce_cnn_small": ["--cnn_fc_units=8"], "allreduce_cnn_small_on_2": ["--cnn_fc_units=8"]}
     terms = {name: run["terms_by_rank"] for name, run in runs.items()}
@@ -52,7 +55,8 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     # a rank receives 2(N-1)/N of the dense weights by ring AllReduce, each other rank's share of
     # the table by allgather, or (hybrid) its pulled rows and the pushes its host's task serves
     dense = {name: sum(v.bytes for v in capture(*make(), RunContext(), seed=0).variables if v.gradient == "dense")
-             for name, make in (("mlp", _mlp), ("cnn", _cnn), ("cnn_small", lambda: _cnn(fc_units=[8])))}
+             for name, make in (("mlp", _mlp), ("cnn", _cnn), ("cnn_small", lambda: _cnn(fc_units=[8])),
+                                ("recsys", _recsys))}
     assert dense["cnn_small"] < dense["cnn"]
     for name, run in runs.items():
         ranks, model = run["hosts"], run["model"] + ("_small" if run["model_flags"] else "")
@@ -63,6 +67,10 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert all(t["received"] == pytest.approx(2 * terms["allreduce_on_2"][0]["received"]) for t in terms["allreduce"])
     assert all(t["received"] == 0 for name in terms if name.startswith("allreduce_cnn") for t in terms[name])
     assert terms["hybrid_1"][0]["received"] > terms["hybrid_1"][1]["received"] > 0    # host 0 takes the pushes
+    # the alltoall route: once per step, and per table on it (the mlp's one, recsys' 19)
+    tables = {"collective": 1, "collective_on_2": 1, "collective_recsys": 19}
+    assert all((t["exchange"], t["exchange_table"]) == ((1, tables[name]) if name in tables else (0, 0))
+               for name in terms for t in terms[name]), terms
     # every rank: its CPU per step = its model's compute + each term's constant x its figure,
     # the constants fitted by least squares over all ranks of all runs
     for name, run in runs.items():
@@ -74,7 +82,7 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
 
     # fitted again from the file's own runs (after a change to the model's terms): the same fit
     refit = _run(["tools.calibrate", "--cal_refit", "--mlp_batch=32", "--cnn_conv_channels=4,8", "--cnn_fc_units=64",
-                  f"--calibration={path}"])
+                  "--recsys_user_buckets=1000", "--recsys_batch=16", f"--calibration={path}"])
     assert refit.returncode == 0, refit.stderr[-3000:]
     again = json.load(open(path))
     assert {k: again[k] for k in CONSTANTS} == pytest.approx({k: data[k] for k in CONSTANTS}, rel=1e-6, abs=1e-15)
@@ -94,6 +102,11 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
 def _mlp():
     from models import mlp
     return mlp.make_model_fn(), mlp.make_input_fn()
+
+
+def _recsys():
+    from models import recsys
+    return recsys.make_model_fn(user_buckets=1000), recsys.make_input_fn(user_buckets=1000, batch=16)
 
 
 def _cnn(fc_units=(64,)):
@@ -155,12 +168,14 @@ def test_missing_unreadable_and_negative_calibration_files(monkeypatch):
     monkeypatch.setenv("PARALLAX_CALIBRATION", os.path.join(tempfile.mkdtemp(), "absent.json"))
     assert calibration.load().constants() == calibration.Calibration().constants()
     assert "no calibration file" in calibration.load().source
-    # a file from before the per-rank, master and received-byte terms: those are 0, the rest is
-    # read (the allgather-only byte term of one earlier format is not the received one)
+    # a file from before the later terms: those take their defaults (0 but the alltoall route's
+    # measured CPU per table), the rest is read (the allgather-only byte term of one earlier
+    # format is not the received one)
     older = {"runtime_cpu_s": 0.01, "task_cpu_s": 0.002, "message_overhead_s": 1e-4, "rpc_overhead_s": 1e-3}
     older_with_gather = {**older, "gather_cpu_s_per_byte": 1e-9}
-    assert calibration.load(_write(older_with_gather)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
-    assert calibration.load(_write(older)).constants() == {**older, **dict.fromkeys(calibration.LATER, 0.0)}
+    defaults = {**dict.fromkeys(calibration.LATER, 0.0), "exchange_table_cpu_s": 0.6e-3}
+    assert calibration.load(_write(older_with_gather)).constants() == {**older, **defaults}
+    assert calibration.load(_write(older)).constants() == {**older, **defaults}
     bad = _write({"runtime_cpu_s": 0.01})
     with pytest.raises(ConfigError, match=f"calibration file {bad} is unreadable.*tools.calibrate"):
         calibration.load(bad)
@@ -198,9 +213,10 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     dense = sum(l.bytes for l in loads if l.gradient == "dense")          # every rank updates its replica
     assert cpu_bound(replica_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * dense * turns)
 
-    def routes(gather_cost, exchange_cost=1.0):     # exchange_cost: the alltoall route's CPU per table
+    def routes(gather_cost, exchange_cost=1.0):     # exchange_cost: the alltoall route's CPU per step and table
         chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost,
-                                                             exchange_cpu_s=exchange_cost), 0.001)
+                                                             exchange_cpu_s=exchange_cost,
+                                                             exchange_table_cpu_s=exchange_cost), 0.001)
         return {l.name: chosen[l.name].route for l in sparse}
     assert set(routes(0.0).values()) == {"allreduce"}      # a free allgather beats 2 ms per PS task
     costly = routes(5e-8)          # ~8 ms of CPU for each large table's allgather does not

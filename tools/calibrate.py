@@ -24,11 +24,16 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
+  exchange_cpu_s       the alltoall route's CPU per step (three exchanges), and
+  exchange_table_cpu_s its CPU per table on it: --strategy=collective of --model on both host
+                       counts and of --cal_exchange_model (another number of tables) on
+                       --cal_hosts
 Each rank of each run is one equation (costmodel.host_cpu_terms): its CPU per step = its
 model's compute (measured as the planner measures it) + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks in other processes) + served x (graph runs its host's task
 serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes) +
-replica x (bytes of its dense replicas). Nine runs give 48 equations in eight terms (8 and 2
+replica x (bytes of its dense replicas) + exchange (a table on the alltoall route) +
+exchange_table x (its tables there). Twelve runs give 74 equations in ten terms (8 and 2
 hosts): the least-squares fit with every term >= 0, each run weighing the same; each rank's
 fitted figure is printed and kept beside its measured one. Every run is made --cal_repeats
 times and its mean CPU taken (runs of one plan differ by 10-20% here); the runs of one host
@@ -60,6 +65,9 @@ flags.DEFINE_string("cal_small_dense", " ".join(shared.SWEEP_MODEL_FLAGS["cnn"])
                     "--cal_dense_model (the sweep's), run too on both host counts (space-separated; empty: not "
                     "run): a dense model's CPU grows with its ranks when it is large and not when it is small, "
                     "which only runs of both sizes tell apart.")
+flags.DEFINE_string("cal_exchange_model", "recsys", "A model with another number of sparse tables than --model: "
+                    "its collective run beside --model's separates the alltoall route's CPU per step from its CPU "
+                    "per table.")
 flags.DEFINE_integer("cal_hosts", 8, "Emulated hosts of the 1- and N-shard hybrid runs and an allreduce run.")
 flags.DEFINE_integer("cal_few_hosts", 2, "Emulated hosts of the second 1-shard hybrid run and allreduce run, "
                      "which set how runtime CPU grows with the ranks (fewer than --cal_hosts).")
@@ -142,7 +150,7 @@ def column_scale(matrix: np.ndarray) -> np.ndarray:
 
 def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
     """The least-squares solution of terms x = beyond with every x >= 0 (each term is a cost):
-    the best over every set of terms left free, the others 0 (eight terms: 255 small solves)."""
+    the best over every set of terms left free, the others 0 (ten terms: 1,023 small solves)."""
     a, b = np.array(terms, dtype=float), np.array(beyond, dtype=float)
     scale = column_scale(a)
     a = a / scale                                   # bytes and counts: columns of one magnitude
@@ -161,11 +169,12 @@ def nonnegative_fit(terms: list, beyond: list) -> np.ndarray:
 
 def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int, bandwidth: str, steps: int,
                         warmup: int, repeats: int = 1, measured: Optional[dict] = None,
-                        small_dense: Sequence[str] = ()) -> dict:
+                        small_dense: Sequence[str] = (), exchange_model: str = "recsys") -> dict:
     """The CPU constants (see the module's doc) from runs of `model` (three hybrid, two
-    allreduce) and of `dense_model` (two allreduce, and two more at the sizes `small_dense`
-    gives when it is not empty), each made `repeats` times: one equation per rank of each run.
-    With `measured` (an earlier calibration's runs) their figures are fitted again instead."""
+    allreduce, two collective), of `dense_model` (two allreduce, and two more at the sizes
+    `small_dense` gives when it is not empty) and of `exchange_model` (one collective), each made
+    `repeats` times: one equation per rank of each run. With `measured` (an earlier
+    calibration's runs) their figures are fitted again instead."""
     from parallax_tf.planner import PlanRequest, make_plan
     from tools.shared import capture_model
     if not 1 < few_hosts < hosts:
@@ -173,7 +182,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
                          f"--cal_hosts={hosts}")
     # what each run's label stands for: a reference model and the flags of its sizes; the
     # compute each rank's CPU is counted beyond is the planner's own measure of it
-    models = {model: (model, ()), dense_model: (dense_model, ())}
+    models = {model: (model, ()), dense_model: (dense_model, ()), exchange_model: (exchange_model, ())}
     if small_dense:
         models[f"{dense_model}_small"] = (dense_model, tuple(small_dense))
     captured = {label: capture_model(name, given, for_strategy="hybrid" if measured is None else None)
@@ -185,6 +194,9 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
               (f"hybrid_1_on_{few_hosts}", "hybrid", few_hosts, 1, model),
               ("allreduce", "allreduce", hosts, 1, model),
               (f"allreduce_on_{few_hosts}", "allreduce", few_hosts, 1, model),
+              ("collective", "collective", hosts, 1, model),
+              (f"collective_on_{few_hosts}", "collective", few_hosts, 1, model),
+              (f"collective_{exchange_model}", "collective", hosts, 1, exchange_model),
               (f"allreduce_{dense_model}", "allreduce", hosts, 1, dense_model),
               (f"allreduce_{dense_model}_on_{few_hosts}", "allreduce", few_hosts, 1, dense_model)]
     if small_dense:
@@ -224,8 +236,9 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
     matrix = np.array([e[0] for e in equations])
     if np.linalg.matrix_rank(matrix / column_scale(matrix)) < len(TERMS):
         raise SystemExit(f"tools.calibrate: the runs on {few_hosts} and {hosts} hosts do not separate the CPU "
-                         "terms (two of them move the same bytes, or --model has no dense or no sparse gradient); "
-                         "calibrate with --model=lm --cal_dense_model=cnn")
+                         "terms (two of them move the same bytes, --model has no dense or no sparse gradient, or "
+                         "--cal_exchange_model has as many sparse tables as --model); calibrate with --model=lm "
+                         "--cal_dense_model=cnn --cal_exchange_model=recsys")
     # each run weighs the same, whatever its ranks (8 equations of one 8-host run, 2 of a 2-host one)
     weights = np.sqrt([1 / len(r["terms_by_rank"]) for r in runs.values() for _ in r["terms_by_rank"]])
     fit = nonnegative_fit((matrix * weights[:, None]).tolist(), (np.array([e[1] for e in equations]) * weights).tolist())
@@ -233,6 +246,7 @@ def measure_runtime_cpu(model: str, dense_model: str, hosts: int, few_hosts: int
         r["fitted_cpu_s_by_rank"] = [r["compute_s"] + float(np.dot([t[k] for k in TERMS], fit))
                                      for t in r["terms_by_rank"]]
     return {**dict(zip(FITTED, (float(x) for x in fit))), "runs": runs, "model": model, "dense_model": dense_model,
+            "exchange_model": exchange_model,
             "model_flags": bench.model_flags(), "small_dense": list(small_dense),
             "hosts": [few_hosts, hosts], "bandwidth": bandwidth, "steps": steps, "warmup": warmup, "repeats": repeats}
 
@@ -242,12 +256,13 @@ def earlier_runs(where: str) -> dict:
     try:
         with open(where) as f:
             measured = json.load(f)["measured"]
-        by_rank = all("cpu_s_per_step_by_rank" in run for run in measured["cpu"]["runs"].values())
+        usable = all("cpu_s_per_step_by_rank" in run for run in measured["cpu"]["runs"].values()) \
+            and "exchange_model" in measured["cpu"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        by_rank = False
-    if not by_rank:
-        raise SystemExit(f"tools.calibrate --cal_refit: {where} holds no runs measured rank by rank; run "
-                         "python -m tools.calibrate without --cal_refit")
+        usable = False
+    if not usable:
+        raise SystemExit(f"tools.calibrate --cal_refit: {where} holds no runs measured rank by rank, or none of "
+                         "the alltoall route; run python -m tools.calibrate without --cal_refit")
     return measured
 
 
@@ -260,12 +275,12 @@ def main(argv):
                              f"give the same model flags (now {bench.model_flags()})")
         cpu = measure_runtime_cpu(cpu["model"], cpu["dense_model"], cpu["hosts"][1], cpu["hosts"][0], cpu["bandwidth"],
                                   cpu["steps"], cpu["warmup"], cpu["repeats"], measured=cpu["runs"],
-                                  small_dense=cpu.get("small_dense", ()))
+                                  small_dense=cpu.get("small_dense", ()), exchange_model=cpu["exchange_model"])
     else:
         trips = measure_round_trips(FLAGS.cal_round_trips)
         cpu = measure_runtime_cpu(FLAGS.model, FLAGS.cal_dense_model, FLAGS.cal_hosts, FLAGS.cal_few_hosts,
                                   FLAGS.cal_bandwidth, FLAGS.steps, FLAGS.warmup, FLAGS.cal_repeats,
-                                  small_dense=FLAGS.cal_small_dense.split())
+                                  small_dense=FLAGS.cal_small_dense.split(), exchange_model=FLAGS.cal_exchange_model)
     print(f"PS round trip: {trips['rpc_overhead_s'] * 1e6:.0f} us wall, {trips['message_overhead_s'] * 1e6:.0f} us "
           f"server CPU ({trips['round_trips']} reads)", flush=True)
     for name, run in cpu["runs"].items():
