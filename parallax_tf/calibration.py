@@ -33,9 +33,10 @@ class Calibration:
     ring_cpu_s_per_byte: float = 0.0
     # per byte of the dense variables a rank keeps a replica of (update, fusion buffer copies)
     replica_cpu_s_per_byte: float = 0.0
-    # the alltoall route: per step when any table takes it (three exchanges, Horovod's and gloo's
-    # work for each), and per table on it (its lookups' grouping, de-duplication and expansion);
-    # the default per table is recsys' on 8 emulated hosts at 1 Gbit (collective against horovod)
+    # the alltoall route: per other rank when any table takes it (three exchanges a step, each
+    # two gloo alltoalls with a message to every other rank: Horovod's and gloo's work for
+    # them), and per table on it (its lookups' grouping, de-duplication and expansion); the
+    # default per table is recsys' on 8 emulated hosts at 1 Gbit (collective against horovod)
     exchange_cpu_s: float = 0.0
     exchange_table_cpu_s: float = 0.6e-3
     # what a server spends per RPC it handles, and the fixed wall time of one PS round trip

@@ -119,14 +119,18 @@ class Prediction:
     latency_s: float
     server_s: float
     cpu_bound_s: float = 0.0      # a rank's CPU work, on its share of the cores
-    collective_s: float = 0.0     # AllReduce and allgather on the busiest link
+    collective_s: float = 0.0     # AllReduce, allgather and alltoall on the busiest link
+    exchange_cpu_s: float = 0.0   # of cpu_bound_s: the alltoall route's own, spent while its exchanges run
 
     @property
     def step_s(self) -> float:
         # Collectives and round trips are waited out by every rank with its CPU (its host's
-        # share of the cores, on the rig) idle: they add to both bounds (see the module doc).
+        # share of the cores, on the rig) idle: they add to both bounds (see the module doc),
+        # less the alltoall route's own CPU, which Horovod's and gloo's threads spend while the
+        # exchanges hold the links (recsys, 8 hosts, 10 Mbit: 15.4 ms of CPU per rank on a
+        # quarter of a core, 88 ms of frames on each link, a step of 89.9 ms)
         return max(self.compute_s + self.network_s + self.server_s, self.cpu_bound_s) + self.collective_s \
-            + self.latency_s
+            + self.latency_s - min(self.exchange_cpu_s, self.collective_s)
 
 
 def parse_rate(rate: str) -> float:
@@ -269,15 +273,19 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
     if N > 1 and has_ps:
         latency += 3 * 2 * hop + 3 * cluster.rpc_overhead_s   # push, take + token, pull
     if N > 1 and exchanged:
-        # three alltoalls, one after another (ids, rows, gradient rows; every table in each):
-        # gloo's alltoall visits the other ranks in turn, each a round trip's overhead
-        latency += 3 * (N - 1) * (hop + cluster.rpc_overhead_s)
+        # three exchanges, one after another (ids, rows, gradient rows; every table in each),
+        # each two gloo alltoalls (Horovod's of the splits, then the data); gloo posts a rank's
+        # messages to every other rank at once, so an alltoall is one round, whatever the ranks
+        latency += 3 * 2 * (hop + cluster.rpc_overhead_s)
     # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
     # ranks sharing fewer cores (emulation) take turns
     cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s, flows)) * cluster.cpu_turns
+    terms = host_cpu_terms(loads, choices, cluster, flows)[0]
+    exchange_cpu = (terms["exchange"] * cluster.exchange_cpu_s + terms["exchange_table"] * cluster.exchange_table_cpu_s) \
+        * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
-                      cpu_bound_s=cpu_bound, collective_s=collective)
+                      cpu_bound_s=cpu_bound, collective_s=collective, exchange_cpu_s=exchange_cpu)
 
 
 def shard_hosts(loads, choices, cluster) -> Dict[str, List[int]]:
@@ -312,7 +320,8 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
     variables it keeps a replica of (it applies their update and copies their gradient into and
     out of Horovod's fusion buffer, whatever the ranks: in the lm and cnn calibration runs the
     CPU per ring byte fell from 2 ranks to 8, which one term per ring byte cannot fit), and
-    for the alltoall route 1 if any table takes it (its three exchanges) and its tables."""
+    for the alltoall route the other ranks if any table takes it (its exchanges' messages) and
+    its tables."""
     traffic, messages, servers = flows or _traffic(loads, choices, cluster)   # flows: predict's own
     master = float(runs_through_master(loads, choices))
     replicas = float(sum(l.bytes for l in loads if l.gradient == "dense" and choices[l.name].route == ROUTE_ALLREDUCE))
@@ -322,7 +331,7 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
              "task": float(len(servers) - (host in servers)), "served": float(messages[host]),
              "received": (traffic[GATHER][1][host] + traffic[POINT][1][host] + traffic[EXCHANGE][1][host]) / L,
              "ring": traffic[RING][1][host] / L, "replica": replicas,
-             "exchange": float(exchanged > 0), "exchange_table": exchanged} for host in range(cluster.hosts)]
+             "exchange": float(cluster.ranks - 1) * (exchanged > 0), "exchange_table": exchanged} for host in range(cluster.hosts)]
 
 
 def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float,

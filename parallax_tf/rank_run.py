@@ -67,12 +67,12 @@ def result(plan, topo, phases: dict, built: RankGraph, ran: RankSession, trained
         if saver is not None and saver.store is not None and saver.seconds:
             stats.extras[f"{name}_ms"] = [round(s * 1000, 2) for s in saver.seconds]
             stats.extras[f"{name}_bytes"] = saver.bytes
-    tables = {key[:-len("/clock")]: clock for key, clock in trained.variables.items() if key.endswith("/clock")
-              and plan.dynamic_tables and key[:-len("/clock")] in {t.name for t in plan.dynamic_tables}}
-    if tables:       # each dynamic table at the end: rows, and rows admitted and evicted since it began
+    ended = [t.name for t in plan.dynamic_tables or () if f"{t.name}/clock" in trained.variables]
+    if ended:       # each dynamic table at the end: rows, and rows admitted and evicted since it began
         stats.extras["dynamic_tables"] = {name: {"rows": int(len(trained.variables[f"{name}/ids"])),
-                                                 "admitted": int(clock[1]), "evicted": int(clock[2])}
-                                          for name, clock in tables.items()}
+                                                 "admitted": int(trained.variables[f"{name}/clock"][1]),
+                                                 "evicted": int(trained.variables[f"{name}/clock"][2])}
+                                          for name in ended}
     return Result(variables=trained.variables, losses=trained.losses, plan=plan, global_step=trained.global_step,
                   start_step=trained.start,
                   wall_time_s=wall, examples_per_s=(stats.examples / wall if wall and stats.examples else None),

@@ -67,10 +67,11 @@ def test_calibrate_measures_and_writes_the_file_the_planner_reads():
     assert all(t["received"] == pytest.approx(2 * terms["allreduce_on_2"][0]["received"]) for t in terms["allreduce"])
     assert all(t["received"] == 0 for name in terms if name.startswith("allreduce_cnn") for t in terms[name])
     assert terms["hybrid_1"][0]["received"] > terms["hybrid_1"][1]["received"] > 0    # host 0 takes the pushes
-    # the alltoall route: once per step, and per table on it (the mlp's one, recsys' 19)
+    # the alltoall route: per other rank it exchanges with, and per table on it (the mlp's one,
+    # recsys' 19)
     tables = {"collective": 1, "collective_on_2": 1, "collective_recsys": 19}
-    assert all((t["exchange"], t["exchange_table"]) == ((1, tables[name]) if name in tables else (0, 0))
-               for name in terms for t in terms[name]), terms
+    assert all((t["exchange"], t["exchange_table"]) == ((runs[name]["hosts"] - 1, tables[name]) if name in tables
+                                                        else (0, 0)) for name in terms for t in terms[name]), terms
     # every rank: its CPU per step = its model's compute + each term's constant x its figure,
     # the constants fitted by least squares over all ranks of all runs
     for name, run in runs.items():
@@ -213,7 +214,7 @@ def test_cpu_terms_per_other_rank_master_and_received_byte_and_auto_follows():
     dense = sum(l.bytes for l in loads if l.gradient == "dense")          # every rank updates its replica
     assert cpu_bound(replica_cpu_s_per_byte=1e-8) - cpu_bound() == pytest.approx(1e-8 * dense * turns)
 
-    def routes(gather_cost, exchange_cost=1.0):     # exchange_cost: the alltoall route's CPU per step and table
+    def routes(gather_cost, exchange_cost=1.0):     # exchange_cost: the alltoall route's CPU per peer and table
         chosen = costmodel.choose(loads, dataclasses.replace(cluster, received_cpu_s_per_byte=gather_cost,
                                                              exchange_cpu_s=exchange_cost,
                                                              exchange_table_cpu_s=exchange_cost), 0.001)

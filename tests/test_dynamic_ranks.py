@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from parallax_tf import dynamic
 from parallax_tf.dynamic.state import DynamicState
-from tests import dynamic_models, launch
+from tests import dynamic_models, launch, serving
 
 STEPS = 8
 CKPT_ROOT = tempfile.mkdtemp(prefix="ptf-dynamic-ckpts-")
@@ -123,8 +123,7 @@ def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():
 def _served(export_dir: str, feed: dict) -> np.ndarray:
     """The exported model's predictions from a plain-TF subprocess that never imports parallax_tf
     (tf.saved_model.load and a tf.compat.v1 loader, as TF Serving loads it)."""
-    from tests.test_export import _serve
-    served = _serve(export_dir, feed)
+    served = serving.serve(export_dir, feed)
     assert served["imported"].size == 0 and not [op for op in served["ops"] if op.startswith("Parallax")]
     assert "MutableHashTableOfTensorsV2" not in served["ops"]
     np.testing.assert_array_equal(served["tf2:predictions"], served["v1:predictions"])

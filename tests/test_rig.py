@@ -129,7 +129,10 @@ def test_collectives_add_to_the_step_and_ps_traffic_hides_under_the_cpu():
     assert costmodel.host_cpu_s([dense, table], routes, served, 0.01) == pytest.approx([0.06 + 0.008, 0.06 + 0.001])
 
 
-def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():
+def test_auto_moves_only_the_rows_of_embeddings_and_allreduces_dense_layers():
+    """Where the links set the pace, a table's rows travel (PS or alltoall, both near the lower
+    bound: measured on lm at 10 Mbit, 419 and 417 ms per step) and never its whole allgathered
+    gradient; dense layers take the ring AllReduce."""
     from models import lm
     captured = capture(lm.make_model_fn(), lm.make_input_fn(), RunContext(), seed=0, **measurements("auto"))
     def plan_at(rate):
@@ -138,14 +141,14 @@ def test_auto_puts_embeddings_on_ps_and_dense_layers_on_allreduce():
     for rate in ("100mbit", "10mbit"):
         plan = plan_at(rate)
         for sparse in ("embedding", "softmax_w"):
-            assert plan[sparse].route == "ps", plan[sparse]
+            assert plan[sparse].route in ("ps", "alltoall"), plan[sparse]
             assert "cost model: predicted step" in plan[sparse].reason
+            # no server takes a big table's fan-in alone: its rows are spread over every host
+            if plan[sparse].route == "ps":
+                assert {s.server for s in plan[sparse].shards} == set(range(8)), plan[sparse]
+            else:
+                assert plan[sparse].params == {"rank_shards": 8}, plan[sparse]
         assert plan["lstm/kernel"].route == plan["lstm/bias"].route == "allreduce"
-    # where the links set the pace, each big table is spread over every host: no server takes
-    # the fan-in alone (at 100 Mbit the default constants' 3.6 ms per PS task keeps them whole,
-    # each table on a host of its own)
-    assert all({s.server for s in plan[name].shards} == set(range(8)) for name in ("embedding", "softmax_w"))
-
 
 
 def test_auto_counts_an_allgather_as_collectives_of_its_own():

@@ -24,7 +24,7 @@ reads (parallax_tf.calibration; --calibration, else $PARALLAX_CALIBRATION, else
   runtime_cpu_s        CPU one rank spends per step besides its model's compute
   master_cpu_s         more when the step runs through TF's gRPC master (plans with PS
                        variables; the others run in a session of their own process)
-  exchange_cpu_s       the alltoall route's CPU per step (three exchanges), and
+  exchange_cpu_s       the alltoall route's CPU per other rank (its exchanges' messages), and
   exchange_table_cpu_s its CPU per table on it: --strategy=collective of --model on both host
                        counts and of --cal_exchange_model (another number of tables) on
                        --cal_hosts
@@ -32,8 +32,8 @@ Each rank of each run is one equation (costmodel.host_cpu_terms): its CPU per st
 model's compute (measured as the planner measures it) + runtime + peer x (ranks - 1) + master
 (PS plans) + task x (PS tasks in other processes) + served x (graph runs its host's task
 serves) + received x (its allgather and PS bytes) + ring x (its ring AllReduce bytes) +
-replica x (bytes of its dense replicas) + exchange (a table on the alltoall route) +
-exchange_table x (its tables there). Twelve runs give 74 equations in ten terms (8 and 2
+replica x (bytes of its dense replicas) + exchange x (ranks - 1, with a table on the
+alltoall route) + exchange_table x (its tables there). Twelve runs give 66 equations in ten terms (8 and 2
 hosts): the least-squares fit with every term >= 0, each run weighing the same; each rank's
 fitted figure is printed and kept beside its measured one. Every run is made --cal_repeats
 times and its mean CPU taken (runs of one plan differ by 10-20% here); the runs of one host

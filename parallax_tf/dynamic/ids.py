@@ -6,6 +6,7 @@ String ids become int64 by FarmHash's Fingerprint64 modulo 2^63 - 1
 platforms and TensorFlow versions."""
 from __future__ import annotations
 
+import abc
 import math
 
 import numpy as np
@@ -70,11 +71,12 @@ def mix_int(value: int) -> int:
     return x ^ (x >> 31)
 
 
-class RowInitializer:
+class RowInitializer(abc.ABC):
     """A row per id, computed from the id alone: `rows(ids, dim, seed, dtype)`."""
 
+    @abc.abstractmethod
     def rows(self, ids: tf.Tensor, dim: int, seed: int, dtype, standard_ops: bool = False) -> tf.Tensor:
-        raise NotImplementedError
+        """The rows of `ids` ([n] -> [n, dim]); `standard_ops`: TF's ops only (a served model)."""
 
     def describe(self) -> str:
         return type(self).__name__

@@ -33,6 +33,15 @@ class Topology:
             start += count
         return firsts
 
+    def crosses_processes(self, ps_device) -> bool:
+        """Whether reaching a PS device (`/job:ps/task:<host>/...`) leaves this rank's process:
+        the first rank of each host serves that host's PS state in its own process. No device:
+        nothing to reach."""
+        if ps_device is None:
+            return False
+        import tensorflow as tf
+        return not (tf.DeviceSpec.from_string(ps_device).task == self.host and self.local_rank == 0)
+
     def host_of(self, rank: int) -> int:
         start = 0
         for host, count in enumerate(self.ranks_per_host):

@@ -34,7 +34,7 @@ class DynamicTablesStep:
         self.counters: Dict[str, tf.Tensor] = {}
         self.lower_bound: list = []
         found = table_lib.lookups(rebuilt.loss.graph)
-        moved = _pack_reads([read for look in found for read in look.reads], self._remote)
+        moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes)
         if found:
             self._build(rebuilt, found, moved)
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
@@ -74,7 +74,7 @@ class DynamicTablesStep:
         for device, items in sorted(by_device.items(), key=lambda kv: str(kv[0])):
             with tf.control_dependencies([op for item in items for op in item[3]]):
                 flat = tf.concat([tf.reshape(item[2], [-1]) for item in items], 0)
-            if self._remote(device):
+            if self.topo.crosses_processes(device):
                 moved.append(tensor_bytes(flat))
                 moved.extend(tensor_bytes(ids) for _, ids, _, _, crossing in items if crossing)
             with tf.device(device):
@@ -134,12 +134,6 @@ class DynamicTablesStep:
         with tf.control_dependencies(self.pushes):
             token = _token_queue(topo.rank, topo).dequeue()
         return self.pushes + [token.op]
-
-    def _remote(self, device) -> bool:
-        """Whether reaching `device` crosses processes (the first rank of a host serves it)."""
-        if device is None:
-            return False
-        return not (tf.DeviceSpec.from_string(device).task == self.topo.host and self.topo.local_rank == 0)
 
 
 def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:

@@ -68,7 +68,7 @@ class PSRoute(SyncRoute):
                 pending.append((target, grad, var, push))
         for pack, members in packed_pushes.items():
             on_server = pack.push({var.op.name: grad.values for _, grad, var in members})
-            if self._remote(pack.device):
+            if self.topo.crosses_processes(pack.device):
                 push_bytes.extend(tensor_bytes(grad.values) for _, grad, _ in members)
             for target, grad, var in members:
                 ids = pack.ids_on_server[pack.names.index(var.op.name)]
@@ -107,7 +107,7 @@ class PSRoute(SyncRoute):
         local aggregation)."""
         topo = self.topo
         if not local_agg:
-            if self._remote(var.device):
+            if self.topo.crosses_processes(var.device):
                 push_bytes.append(tensor_bytes(grad))
             return _push(target, grad, var, var.device)
         host_device = f"/job:ps/task:{topo.host}"
@@ -118,14 +118,9 @@ class PSRoute(SyncRoute):
             return push
         with tf.control_dependencies([push]):
             host_sum = _take(host_acc, grad, topo.local_size)
-        if self._remote(var.device):
+        if self.topo.crosses_processes(var.device):
             push_bytes.append(tensor_bytes(host_sum))
         return _push(target, host_sum, var, var.device)
-
-    def _remote(self, device: str) -> bool:
-        """Whether reaching a server's `device` crosses processes: the first rank of a host
-        serves that host's shards in-process."""
-        return not (tf.DeviceSpec.from_string(device).task == self.topo.host and self.topo.local_rank == 0)
 
     def release(self, chief_step: tf.Operation, payload: tf.Tensor) -> tf.Operation:
         """Rank 0, after its step (every PS variable updated): hands each other rank a token
@@ -152,11 +147,11 @@ class PSRoute(SyncRoute):
         """Bytes of the forward's reads of PS variables served by another process (gathered rows,
         or whole dense values; a pack's ids too, whose pushes then count only their rows)."""
         needed = ancestors(self.rebuilt.loss.op)
-        sizes = [pack.moved for pack in self.packs if self._remote(pack.device)]
+        sizes = [pack.moved for pack in self.packs if self.topo.crosses_processes(pack.device)]
         packed = {name for pack in self.packs for name in pack.names}
         for entry in self.entries:
             for part in self.rebuilt.parts[entry.name]:
-                if not self._remote(part.variable.device) or part.variable.op.name in packed:
+                if not self.topo.crosses_processes(part.variable.device) or part.variable.op.name in packed:
                     continue
                 for op in part.variable.handle.consumers():
                     if op.type in RESOURCE_READ_OPS and op in needed:
