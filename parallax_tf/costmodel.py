@@ -280,9 +280,9 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
     # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
     # ranks sharing fewer cores (emulation) take turns
     cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s, flows)) * cluster.cpu_turns
-    terms = host_cpu_terms(loads, choices, cluster, flows)[0]
-    exchange_cpu = (terms["exchange"] * cluster.exchange_cpu_s + terms["exchange_table"] * cluster.exchange_table_cpu_s) \
-        * cluster.cpu_turns
+    terms = host_cpu_terms(loads, choices, cluster, flows)[0]        # the alltoall route's: alike on every host
+    exchange_cpu = cluster.cpu_turns * (terms["exchange"] * cluster.exchange_cpu_s
+                                        + terms["exchange_table"] * cluster.exchange_table_cpu_s)
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound, collective_s=collective, exchange_cpu_s=exchange_cpu)
@@ -307,7 +307,8 @@ def shard_hosts(loads, choices, cluster) -> Dict[str, List[int]]:
 # the calibrated CPU terms (tools.calibrate fits them) and the Cluster constant of each
 CPU_TERMS = {"runtime": "runtime_cpu_s", "peer": "peer_cpu_s", "master": "master_cpu_s", "task": "task_cpu_s",
              "served": "serve_cpu_s", "received": "received_cpu_s_per_byte", "ring": "ring_cpu_s_per_byte",
-             "replica": "replica_cpu_s_per_byte", "exchange": "exchange_cpu_s", "exchange_table": "exchange_table_cpu_s"}
+             "replica": "replica_cpu_s_per_byte", "exchange": "exchange_cpu_s",
+             "exchange_table": "exchange_table_cpu_s"}
 
 
 def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster,
@@ -331,7 +332,8 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
              "task": float(len(servers) - (host in servers)), "served": float(messages[host]),
              "received": (traffic[GATHER][1][host] + traffic[POINT][1][host] + traffic[EXCHANGE][1][host]) / L,
              "ring": traffic[RING][1][host] / L, "replica": replicas,
-             "exchange": float(cluster.ranks - 1) * (exchanged > 0), "exchange_table": exchanged} for host in range(cluster.hosts)]
+             "exchange": float(cluster.ranks - 1) * (exchanged > 0), "exchange_table": exchanged}
+            for host in range(cluster.hosts)]
 
 
 def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float,

@@ -298,6 +298,11 @@ def build(model: str, optimizer: str):
         elif model in ("mixed", "duplicates", "auto_mod"):
             features = tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(), _ids()), axis=1)
             loss = _classification_loss(_dense_head(features))
+        elif model == "two_tables":      # two tables read by the same ids (a plan may route them apart)
+            ids = _ids()
+            features = sum(tf.reduce_mean(tf.compat.v1.nn.embedding_lookup(_embedding(name), ids), axis=1)
+                           for name in ("emb", "emb_b"))
+            loss = _classification_loss(_dense_head(features))
         elif model == "auto_div":        # TF2 lookup: contiguous ("div") rows per shard
             features = tf.reduce_mean(tf.nn.embedding_lookup(_embedding(), _ids()), axis=1)
             loss = _classification_loss(_dense_head(features))
@@ -334,7 +339,7 @@ def build(model: str, optimizer: str):
 
 def batch(model: str, rank: int, step: int) -> dict:
     model = "mixed" if model in ("tfdata", "init_iter", "ref_vars", "clip_decay", "minimize_gs", "ema", "keras",
-                                 "keras_clip") else model
+                                 "keras_clip", "two_tables") else model
     model = "keras_bn" if model in ("keras_app", "keras_app_bn", "keras_const") else model
     model = "cnn" if model == "cnn_shards" else model
     rng = np.random.RandomState(1000 * step + rank)
@@ -437,4 +442,6 @@ FROZEN_STATE = {"keras_app"}
 STANZA_CASES = [("cnn_momentum", "cnn", "momentum", {}), ("cnn_adam", "cnn", "adam", {}),
                 ("cnn_bn", "cnn_bn", "momentum", {}), ("mixed_sgd", "mixed", "sgd", {}),
                 ("cnn_keras_adam", "cnn", "keras_adam", {})]
-CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES + [("cnn_shards", "cnn_shards", "momentum", {})]}
+# Two tables on different routes in one plan (tests/test_toy_strategy.py)
+SPLIT_CASES = [("two_tables_adagrad", "two_tables", "adagrad", {}), ("two_tables_adam", "two_tables", "adam", {})]
+CASE_BY_NAME = {c[0]: c for c in CASES + STANZA_CASES + SPLIT_CASES + [("cnn_shards", "cnn_shards", "momentum", {})]}

@@ -321,6 +321,30 @@ def test_flows_split_the_wire_bytes_by_kind_and_each_carries_its_route():
     assert re.search(r"^headers \(est\.\)\s+[\d.]+ KB: on the wire [\d.]+ KB per step per rank", proc.stdout, re.M)
 
 
+def test_gloo_frames_count_each_exchange_and_no_negotiation_once_cached():
+    """mlp's table on the alltoall route, 2 hosts: each of a step's three exchanges is two gloo
+    alltoalls (Horovod's of the splits, then the data), one message to the other rank each, and
+    with a steady length Horovod's response cache answers them: no request gathered on rank 0."""
+    out = os.path.join(tempfile.mkdtemp(), "frames.json")
+    proc = _run(["tools.gloo_frames", "--hosts=2", "--bandwidth=100mbit", "--frames_hosts=0,1", f"--json={out}",
+                 "--", sys.executable, "-m", "models.mlp", "--strategy=collective", "--steps=150", "--log_every=10"])
+    if not netns.have_root():
+        assert proc.returncode != 0 and "needs root" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.load(open(out))
+    assert data["steps"] >= 100, data["steps"]
+    for host, kinds in data["hosts"].items():
+        frames = {kind: counts[0] for kind, counts in kinds.items()}
+        assert frames["alltoall: data"] == pytest.approx(6, abs=0.3), (host, frames)
+        # every message's sender and receiver tell each other it is ready
+        assert frames["alltoall: send ready"] == pytest.approx(6, abs=0.3), (host, frames)
+        assert frames["alltoall: recv ready"] == pytest.approx(6, abs=0.3), (host, frames)
+        assert frames.get("gather: data", 0) < 0.1, (host, frames)
+        assert frames["allreduce: data"] >= 1, (host, frames)        # the dense gradient's ring
+    assert "alltoall: data" in proc.stdout and "TCP acknowledgement" in proc.stdout
+
+
 def test_a_run_whose_ranks_wrote_no_figures_is_an_error_not_a_crash(monkeypatch):
     from tools import bench
     monkeypatch.setattr(bench.cluster, "run", lambda *_, **__: 0)       # the launcher says 0, no rank wrote

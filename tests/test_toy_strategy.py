@@ -1,6 +1,7 @@
-"""Adding a strategy is one class and one registry call, outside the toolkit: tests/toy_strategy.py
-(every variable on AllReduce, through the shared synchronous pipeline) trains on 2 real ranks
-exactly as single-device TF, and no file of parallax_tf/ or rewriters/ knows it."""
+"""Adding a strategy is one class and one registry call, outside the toolkit: tests/toy_strategy.py's
+(every variable on AllReduce; tables split between the PS and alltoall, through the shared
+synchronous pipeline) train on 2 real ranks exactly as single-device TF, and no file of
+parallax_tf/ or rewriters/ knows them."""
 import os
 import tempfile
 
@@ -11,11 +12,14 @@ from tests import cases, launch, reference, toy_strategy
 CASES = ("mixed_momentum", "sparse_only")      # dense and sparse gradients; Adam on the sparse one
 
 
-def test_a_strategy_registered_from_tests_trains_exactly():
+def _trained_exactly(strategy: str, names) -> dict:
+    """Trains each case on 2 ranks with `strategy`; checks every variable against single-device
+    TF; returns each case's plan table."""
     out = tempfile.mkdtemp(prefix="ptf-toy-")
-    proc = launch.run_ranks(2, ["tests/jobs/toy_strategy_job.py", out, *CASES])
+    proc = launch.run_ranks(2, ["tests/jobs/toy_strategy_job.py", out, strategy, *names])
     assert proc.returncode == 0, launch.tail(proc)
-    for name in CASES:
+    tables = {}
+    for name in names:
         _, model, optimizer, _ = cases.CASE_BY_NAME[name]
         want = reference.train_single_device(model, optimizer, 2)
         ranks = [np.load(os.path.join(out, f"{name}.rank{r}.npz")) for r in range(2)]
@@ -26,8 +30,20 @@ def test_a_strategy_registered_from_tests_trains_exactly():
             assert error <= tolerance, f"{name}/{var_name}: relative error {error:.2e} > {tolerance}"
             np.testing.assert_array_equal(ranks[1][f"var:{var_name}"], ranks[0][f"var:{var_name}"])
         assert all(int(r["global_step"]) == cases.STEPS for r in ranks)
-        table = str(ranks[0]["table"])
+        tables[name] = str(ranks[0]["table"])
+    return tables
+
+
+def test_a_strategy_registered_from_tests_trains_exactly():
+    for table in _trained_exactly(toy_strategy.NAME, CASES).values():
         assert f"strategy={toy_strategy.NAME}" in table and " ps " not in table
+
+
+def test_tables_on_the_ps_and_on_alltoall_in_one_plan_train_exactly():
+    for table in _trained_exactly(toy_strategy.SPLIT_NAME, [c[0] for c in cases.SPLIT_CASES]).values():
+        routes = {line.split()[0]: line.split()[5] for line in table.splitlines()
+                  if line.split() and line.split()[0] in ("emb", "emb_b")}
+        assert routes == {"emb": "ps", "emb_b": "alltoall"}, table
 
 
 def test_the_toolkit_does_not_know_the_toy_strategy():

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional, Tuple
 
 from absl import app, flags
@@ -94,15 +95,20 @@ def table(figures: Dict[str, Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", skip_lines: int = 1,
-            timeout_s: float = 900) -> Tuple[int, Dict[str, Dict[str, float]], int, str]:
-    """Runs `command` (a parallax_tf job printing progress lines) on the emulated cluster; returns
-    (exit status, per-kind figures, steps in the window, the job's output)."""
+def run_window(command: List[str], hosts: int, bandwidth: str, delay: str, skip_lines: int, opened, closed,
+               timeout_s: float = 900,
+               progress_times: Optional[list] = None) -> Tuple[int, int, str, set, object, object]:
+    """Runs `command` (a parallax_tf job printing progress lines) on the emulated cluster and
+    calls `opened()` when rank 0 prints its progress line after `skip_lines` of them, `closed()`
+    at its last (step == steps). Returns (exit status, steps between the two, the job's output,
+    the TF servers' addresses the ranks printed, what opened() returned, what closed() did);
+    steps 0 when the job printed no such two lines. `progress_times` receives (time, step) of every
+    progress line as it is read."""
     launch = [sys.executable, "-m", "tools.cluster", f"--hosts={hosts}", f"--bandwidth={bandwidth}",
               f"--delay={delay}", "--"] + command
     env = dict(os.environ, PARALLAX_PRINT_ADDRESSES="1", PYTHONUNBUFFERED="1")
     servers, output = set(), []
-    first = last = None                  # (step, snapshot)
+    first = last = None                  # (step, what the callback returned)
     seen = 0
     with subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         try:
@@ -116,18 +122,30 @@ def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", 
                 if progress:
                     seen += 1
                     step, steps = int(progress.group(1)), int(progress.group(2))
+                    if progress_times is not None:
+                        progress_times.append((time.time(), step))
                     if seen == skip_lines + 1:
-                        first = (step, snapshot(hosts))
+                        first = (step, opened())
                     elif first and step == steps:
-                        last = (step, snapshot(hosts))
+                        last = (step, closed())
             status = proc.wait(timeout=timeout_s)
         except BaseException:
             proc.kill()
             raise
     if not (first and last):
-        return status or 1, {}, 0, "".join(output)
-    steps = last[0] - first[0]
-    return status, per_step(first[1], last[1], steps, servers), steps, "".join(output)
+        return status or 1, 0, "".join(output), servers, first and first[1], None
+    return status, last[0] - first[0], "".join(output), servers, first[1], last[1]
+
+
+def measure(command: List[str], hosts: int, bandwidth: str, delay: str = "1ms", skip_lines: int = 1,
+            timeout_s: float = 900) -> Tuple[int, Dict[str, Dict[str, float]], int, str]:
+    """Runs `command` (a parallax_tf job printing progress lines) on the emulated cluster; returns
+    (exit status, per-kind figures, steps in the window, the job's output)."""
+    status, steps, output, servers, before, after = run_window(
+        command, hosts, bandwidth, delay, skip_lines, lambda: snapshot(hosts), lambda: snapshot(hosts), timeout_s)
+    if not steps:
+        return status, {}, 0, output
+    return status, per_step(before, after, steps, servers), steps, output
 
 
 def main(argv):

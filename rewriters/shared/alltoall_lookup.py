@@ -11,10 +11,11 @@ Per step, on every rank (all through Horovod, the engine of the dense AllReduce)
             applies those rows to its shard (alltoall_route.py).
 Every lookup of one dtype travels in one message per peer and direction, as the PS route packs
 its requests (a collective costs Horovod a negotiation and gloo a round of its own, whatever
-its size): three alltoalls a step in all. Each keeps one length from step to step (the
-rank's message to itself padded: fixed_length_alltoall), so Horovod answers it from its
-response cache instead of gathering every rank's request on rank 0 and broadcasting the plan. A rank thus moves each distinct id once and its row
-twice, of which 1/N stays on the rank: the lower bound of a sparse gradient's traffic. The shard
+its size): three alltoalls a step in all. Each keeps one length from step to step (the rank's
+message to itself padded: fixed_length_alltoall), so Horovod answers it from its response
+cache instead of gathering every rank's request on rank 0 and broadcasting its plan. A rank
+thus moves each distinct id once and its row twice, of which 1/N stays on the rank: the lower
+bound of a sparse gradient's traffic. The shard
 and its optimizer slots are the rank's own state (never broadcast); values.StateIO scatters
 whole values into them and gathers them back.
 """
@@ -73,7 +74,6 @@ class Pack:
         """Sends each lookup's rows (grouped by destination, `counts` per destination) to their
         ranks in one alltoall, and returns what arrived, flat, in source-rank order. `lookups`:
         the pack's lookups the rows are of (all of them by default), the same on every rank."""
-        import horovod.tensorflow as hvd
         lookups = self.lookups if lookups is None else lookups
         pieces = [tf.split(tf.reshape(rows, [-1]), counts[k] * look.row_elements, num=self.num_ranks)
                   for k, (look, rows) in enumerate(zip(lookups, per_lookup))]
@@ -107,19 +107,22 @@ def fixed_length_alltoall(flat: tf.Tensor, splits: tf.Tensor, rank: int, name: s
     data (recsys on 8 hosts at 10 Mbit: 21 of rank 0's 131 KB per step)."""
     import horovod.tensorflow as hvd
     need = tf.size(flat, out_type=tf.int32)
-    length = tf.bitwise.left_shift(1, tf.cast(tf.math.ceil(tf.math.log(tf.cast(tf.maximum(need, 64), tf.float64))
-                                                           / math.log(2.0)), tf.int32))
-    padding = length - need
+    padding = _next_power_of_two(tf.maximum(need, 64)) - need
+    own = tf.one_hot(rank, tf.size(splits), dtype=tf.int32)             # [N]: 1 at this rank
     own_end = tf.reduce_sum(splits[:rank + 1])
     padded = tf.concat([flat[:own_end], tf.zeros([padding], flat.dtype), flat[own_end:]], 0)
-    with_padding = splits + padding * tf.one_hot(rank, tf.size(splits), dtype=splits.dtype)
-    received, received_splits = hvd.alltoall(padded, splits=with_padding, name=name)
-    # what came from this rank ends with the padding
-    own_start = tf.reduce_sum(received_splits[:rank])
-    own_real = tf.cast(splits[rank], received_splits.dtype)
-    cut = tf.concat([received[:own_start + own_real], received[own_start + own_real + tf.cast(padding, own_real.dtype):]], 0)
-    return cut, received_splits - tf.cast(padding, received_splits.dtype) * tf.one_hot(
-        rank, tf.size(received_splits), dtype=received_splits.dtype)
+    received, received_splits = hvd.alltoall(padded, splits=splits + padding * own, name=name)
+    own_real_end = tf.reduce_sum(received_splits[:rank]) + splits[rank]   # this rank's message ends with the padding
+    return (tf.concat([received[:own_real_end], received[own_real_end + padding:]], 0),
+            received_splits - padding * own)
+
+
+def _next_power_of_two(n: tf.Tensor) -> tf.Tensor:
+    """The least power of two >= n (int32, 1 <= n <= 2^30)."""
+    x = n - 1
+    for shift in (1, 2, 4, 8, 16):
+        x = tf.bitwise.bitwise_or(x, tf.bitwise.right_shift(x, shift))
+    return x + 1
 
 
 def exchange_lookups(variables, needed: set, num_ranks: int, rank: int):

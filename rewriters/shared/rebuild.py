@@ -207,7 +207,7 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
     the gradient of each lookup's output, as TF's own ResourceGather gradient does: TF would
     colocate those ops with the variable, sending every looked-up row, repeats included, to
     the server and back before the de-duplicated push. `expansions` (pull_distinct_rows):
-    for a de-duplicated lookup, the gradient of its expansion, per looked-up id; a part whose
+    for a de-duplicated lookup, the gradient of its expansion, per looked-up id; a PS part whose
     gradient comes from one such lookup alone is entered in `distinct_lookups`; the gradient rows
     of each lookup of an alltoall-route part go to `exchanged` with its Lookup."""
     needed = set().union(*(ancestors(y.op) for y in ys))
@@ -238,7 +238,7 @@ def gradients(ys, grad_ys, parts: Dict[str, List[Part]], sparse_on_ps, expansion
         if exchanged is not None and var.op.name in exchanged:
             exchanged[var.op.name] = [(expansions[op][2], tf.reshape(dys[i], [-1] + row_shape))
                                       for op, i in where if dys[i] is not None]
-        if len(where) == 1 and where[0][0] in (expansions or {}) and distinct_lookups is not None:
+        elif len(where) == 1 and where[0][0] in (expansions or {}) and distinct_lookups is not None:
             distinct_lookups[var.op.name] = expansions[where[0][0]][2]
         values = tf.concat([v for v, _ in pieces], 0) if len(pieces) > 1 else pieces[0][0]
         indices = tf.concat([tf.cast(i, tf.int64) for _, i in pieces], 0) if len(pieces) > 1 else pieces[0][1]
