@@ -174,7 +174,7 @@ def _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases) -> ran
         hook.begin(start)
     began, cpu_began = time.perf_counter(), time.process_time()
     inputs = RunInputs(input_fn, ctx, captured.placeholders, start, opts.steps, hooks, ran.tracer, ran.guard,
-                       opts.timeout_s * 1000, built.batch_rows, opts.profile_threads_from)
+                       opts.timeout_s * 1000, built.batch_rows, opts.profile_threads_from, opts.measure_every)
     losses, stats = dgraph.runner.run(sess, inputs)
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     phases["training"] = time.time()

@@ -141,6 +141,10 @@ class ObservationOptions:
         -1, "profile_threads_from",
         "From this step on, count this process's CPU per thread name (TF's pools, gRPC's, Horovod's, the "
         "Python thread): Result.extras['thread_cpu_s_per_step'].")
+    measure_every: int = option(
+        10, "measure_every",
+        "Count the bytes each route moves, and the plan's lower bound, in the first step and every this many "
+        "steps after (1: every step; the counting ops cost a step CPU, 5% of one on recsys' 19 tables).")
 
 
 @dataclasses.dataclass
@@ -260,6 +264,8 @@ def resolve(**overrides) -> Options:
     options.device_request.check()
     if options.timeout_s < 1:
         raise ConfigError(f"--timeout_s must be >= 1, got {options.timeout_s}")
+    if options.measure_every < 1:
+        raise ConfigError(f"--measure_every must be >= 1 (1: every step), got {options.measure_every}")
     return options
 
 

@@ -36,7 +36,7 @@ def test_tensorboard_events_and_timelines():
     trace = os.path.join(out, "trace.json")
     proc = launch.run_ranks(2, ["tests/jobs/train_case.py", "--case=mixed_adam", f"--out={out}", "--steps=6",
                                 "--log_every=0", f"--logdir={logdir}", f"--timeline_file={trace}",
-                                "--timeline_steps=3,4"], timeout=180)
+                                "--timeline_steps=3,4", "--measure_every=2"], timeout=180)
     assert proc.returncode == 0, launch.tail(proc)
     scalars = {}
     for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
@@ -44,13 +44,16 @@ def test_tensorboard_events_and_timelines():
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5, 6]
-    for tag in ("examples_per_second", "step_seconds", "bytes_per_step/allreduce"):
+    for tag in ("examples_per_second", "step_seconds"):
         assert len(scalars[tag]) == 6 and all(v > 0 for _, v in scalars[tag]), tag
+    # bytes are counted in the first step and every --measure_every after it (steps 0, 2, 4)
+    assert [s for s, v in scalars["bytes_per_step/allreduce"] if v > 0] == [1, 3, 5], scalars["bytes_per_step/allreduce"]
     # rank 0 serves this host's PS shards in its own process: its PS traffic crosses no process
     for tag in ("bytes_per_step/ps_push", "bytes_per_step/ps_pull"):
-        assert [v for _, v in scalars[tag]] == [0.0] * 6, tag
-    # ...while the cluster's, summed over ranks in the step's report, show rank 1's pulls
-    assert all(v > 0 for _, v in scalars["cluster_bytes_per_step/ps_pull"]), scalars["cluster_bytes_per_step/ps_pull"]
+        assert [v for _, v in scalars[tag]] == [0.0] * 3, tag
+    # ...while the cluster's, summed over ranks in the next step's report, show rank 1's pulls
+    pulls = scalars["cluster_bytes_per_step/ps_pull"]
+    assert [s for s, _ in pulls] == [2, 4, 6] and all(v > 0 for _, v in pulls), pulls
     losses = np.load(os.path.join(out, "mixed_adam.rank0.npz"))["losses"]
     assert abs(scalars["loss"][0][1] - losses[0]) < 5    # a mean over ranks, near rank 0's own
     events = json.load(open(trace))["traceEvents"]

@@ -58,7 +58,7 @@ def _two_rank_runs() -> dict:
     outs = {name: tempfile.mkdtemp(prefix=f"ptf-slim-{name}-") for name in ("partial_False", "partial_True",
                                                                              "interrupted")}
     runs = [[f"--out={outs[f'partial_{feedback}']}", "--case=dense_only", f"--steps={PARTIAL_STEPS}",
-             *_partial_flags(feedback)] for feedback in (False, True)]
+             "--measure_every=1", *_partial_flags(feedback)] for feedback in (False, True)]
     runs.append([f"--out={outs['interrupted']}", "--case=mixed_adam", *DEGENERATE, "--steps=3",
                  f"--ckpt_dir={checkpoint_dir()}", "--ckpt_every=3"])
     given = [{"flags": ["--strategy=slim_dp", "--log_every=0", *flags]} for flags in runs]
@@ -160,7 +160,8 @@ def test_partial_selection_matches_the_reference(error_feedback):
 
 def test_bytes_follow_the_selected_counts():
     """Rank 1 (its PS is rank 0's process) moves, per round, the selected values of every piece
-    both ways, plus the core sets on refresh rounds; rank 0 serves them in-process."""
+    both ways, plus the core sets on refresh rounds; rank 0 serves them in-process (every step
+    counted: --measure_every=1)."""
     out = partial_output(False)
     _, sizes = slim_reference(2, 0, False)
     rounds = PARTIAL_STEPS // PARTIAL["period"]

@@ -30,6 +30,8 @@ class StepStats:
         self.cluster_bytes: Dict[str, List[int]] = {}   # all ranks together, from the 2nd step (a step
                                                         # report carries the step before's)
         self.lower_bound: List[int] = []
+        # whether the last step counted its bytes, and its report the cluster's (--measure_every)
+        self.measured = self.cluster_measured = False
         self.examples = 0
         self.losses: List[float] = []                   # the loss the progress line shows, per step
         self.metrics: Dict[str, List[float]] = {}       # Model.metrics, per step
@@ -41,9 +43,11 @@ class StepStats:
         # live per-rank histograms a strategy's loop keeps: name -> rank -> bucket -> count
         self.histograms: Dict[str, Dict[int, Dict[int, int]]] = {}
 
-    def add(self, seconds: float, moved: Dict[str, int], examples: int, lower_bound: int = 0,
+    def add(self, seconds: float, moved: Optional[Dict[str, int]], examples: int, lower_bound: Optional[int] = 0,
             cluster_moved: Optional[Dict[str, int]] = None, loss: Optional[float] = None,
             metrics: Optional[Dict[str, float]] = None) -> None:
+        """One step. `moved` (this rank's bytes per route) and `lower_bound` None, `cluster_moved`
+        None: not counted in that step (--measure_every)."""
         self.times.append(seconds)
         if loss is not None:
             self.losses.append(loss)
@@ -55,8 +59,10 @@ class StepStats:
         if len(self.times) == self.profile_threads_from:
             self._threads, self._threads_from = thread_cpu.snapshot(), len(self.times)
         self.examples += examples
-        self.lower_bound.append(int(lower_bound))
-        for route, n in moved.items():
+        self.measured, self.cluster_measured = moved is not None, cluster_moved is not None
+        if lower_bound is not None:
+            self.lower_bound.append(int(lower_bound))
+        for route, n in (moved or {}).items():
             self.bytes.setdefault(route, []).append(int(n))
         for route, n in (cluster_moved or {}).items():
             self.cluster_bytes.setdefault(route, []).append(int(n))
@@ -160,7 +166,7 @@ def tables_line(tables: Dict[str, List[int]]) -> str:
 
 
 def bytes_per_rank(stats: StepStats, ranks: int):
-    """The last step's bytes per route and rank, as the plan estimates them: the mean over ranks
+    """The last counted step's bytes per route and rank, as the plan estimates them: the mean over ranks
     of the step's report; ranks that never meet (asynchronous strategies) cannot add theirs up,
     so there this rank's own, labelled so."""
     if stats.cluster_bytes:
@@ -230,8 +236,10 @@ class Summaries(Hook):
         step_s, rate = stats.recent_rate(window=1)
         values = {"loss": loss, "examples_per_second": rate, "step_seconds": step_s}
         values.update({f"metrics/{name}": v[-1] for name, v in stats.metrics.items() if np.ndim(v[-1]) == 0})
-        values.update({f"bytes_per_step/{route}": v[-1] for route, v in stats.bytes.items()})
-        values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
+        if stats.measured:
+            values.update({f"bytes_per_step/{route}": v[-1] for route, v in stats.bytes.items()})
+        if stats.cluster_measured:
+            values.update({f"cluster_bytes_per_step/{route}": v[-1] for route, v in stats.cluster_bytes.items()})
         summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))
                                               for tag, v in values.items()])
         self._add_histograms(summary, stats.histograms)

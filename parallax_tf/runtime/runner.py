@@ -38,6 +38,11 @@ class RunInputs:
     # batches are counted from the feed
     batch_rows: object = None
     profile_threads_from: int = -1   # from this many completed steps on, CPU per thread name is counted
+    # the steps whose bytes per route and lower bound are counted: the first, then every this many
+    measure_every: int = 1
+
+    def measures(self, step: int) -> bool:
+        return (step - self.start) % self.measure_every == 0
 
     def data_ctx(self, rank: int, size: int) -> RunContext:
         """The context input_fn sees when this rank reads shard `rank` of `size`."""
@@ -131,10 +136,12 @@ class SyncRunner(Runner):
         data_ctx = inputs.data_ctx(*shard) if reads else ctx
         losses: List[float] = []
         fetches = {"loss": self.loss, "report": spec.report, "train": self.train_op,
-                   "bytes": spec.bytes_per_step, "lower_bound": spec.lower_bound_bytes,
                    **({"tables": spec.tables} if spec.tables else {}),
                    **(self.rows_fetch(inputs) if reads else {})}
-        previous_bytes = [0.0] * len(spec.report_routes)     # the report sums the last step's
+        # the counting ops run only when fetched (inputs.measures)
+        counted = dict(fetches, bytes=spec.bytes_per_step, lower_bound=spec.lower_bound_bytes)
+        unmeasured = [0.0] * len(spec.report_routes)
+        previous_bytes, previous_measured = unmeasured, False     # the report sums the last step's
         for step in range(inputs.start, inputs.steps):
             ctx.step = step
             feeds = self.feeds(inputs, session, data_ctx if reads else None, step)
@@ -149,15 +156,18 @@ class SyncRunner(Runner):
             options = options or tf.compat.v1.RunOptions()
             options.timeout_in_ms = inputs.timeout_ms
             begin = time.perf_counter()
+            measured = inputs.measures(step)
             with inputs.guard(f"step {step}"):
-                out = session.run(dict(fetches, extra=extra_targets), feeds, options=options, run_metadata=metadata)
+                out = session.run(dict(counted if measured else fetches, extra=extra_targets), feeds, options=options,
+                                  run_metadata=metadata)
             report = out["report"]
             mean_loss = report[0]          # every rank added its share
             metrics, metrics_end = _metrics_of(report, spec)
-            stats.add(time.perf_counter() - begin, out["bytes"], self.rows_read(input_feeds, out) * data_ctx.size,
-                      out["lower_bound"], dict(zip(spec.report_routes, report[metrics_end:])) if step > inputs.start
+            stats.add(time.perf_counter() - begin, out.get("bytes"), self.rows_read(input_feeds, out) * data_ctx.size,
+                      out.get("lower_bound"), dict(zip(spec.report_routes, report[metrics_end:])) if previous_measured
                       else None, loss=float(mean_loss), metrics=metrics)
-            previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes]
+            previous_bytes = [float(out["bytes"][route]) for route in spec.report_routes] if measured else unmeasured
+            previous_measured = measured
             stats.tables = {name: [int(n) for n in counts] for name, counts in out.get("tables", {}).items()}
             stats.checkpoint_requested = report[1] > 0
             inputs.tracer.record(step, metadata)
