@@ -280,10 +280,10 @@ def predict(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, com
         latency += 3 * 2 * (hop + cluster.rpc_overhead_s)
     # a step takes at least the CPU work of the busiest host's rank (it waits for that one);
     # ranks sharing fewer cores (emulation) take turns
-    cpu_bound = max(host_cpu_s(loads, choices, cluster, compute_s, flows)) * cluster.cpu_turns
-    terms = host_cpu_terms(loads, choices, cluster, flows)[0]        # the alltoall route's: alike on every host
-    exchange_cpu = cluster.cpu_turns * (terms["exchange"] * cluster.exchange_cpu_s
-                                        + terms["exchange_table"] * cluster.exchange_table_cpu_s)
+    per_host = host_cpu_terms(loads, choices, cluster, flows)
+    cpu_bound = max(_cpu_s(terms, cluster, compute_s) for terms in per_host) * cluster.cpu_turns
+    exchange = {k: per_host[0][k] for k in ("exchange", "exchange_table")}     # alike on every host
+    exchange_cpu = _cpu_s(exchange, cluster, 0.0) * cluster.cpu_turns
     return Prediction(compute_s=compute_s, network_s=network, latency_s=latency,
                       server_s=max(messages) * cluster.message_overhead_s if N > 1 else 0.0,
                       cpu_bound_s=cpu_bound, collective_s=collective, exchange_cpu_s=exchange_cpu)
@@ -340,8 +340,11 @@ def host_cpu_terms(loads: List[Load], choices: Dict[str, Choice], cluster: Clust
 def host_cpu_s(loads: List[Load], choices: Dict[str, Choice], cluster: Cluster, compute_s: float,
                flows: Optional[tuple] = None) -> List[float]:
     """CPU per step of each host's first rank: its compute and the calibrated terms."""
-    return [compute_s + sum(getattr(cluster, CPU_TERMS[k]) * v for k, v in terms.items())
-            for terms in host_cpu_terms(loads, choices, cluster, flows)]
+    return [_cpu_s(terms, cluster, compute_s) for terms in host_cpu_terms(loads, choices, cluster, flows)]
+
+
+def _cpu_s(terms: Dict[str, float], cluster: Cluster, compute_s: float) -> float:
+    return compute_s + sum(getattr(cluster, CPU_TERMS[k]) * v for k, v in terms.items())
 
 
 def candidates(load: Load, cluster: Cluster) -> List[Choice]:
