@@ -23,6 +23,11 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tensorflow.python.client.pywrap_tf_session", "TF_GraphCopyFunction", "the same"),
     ("tensorflow.python.client.pywrap_tf_session", "TF_DeleteFunction", "the same"),
     ("tensorflow.python.client.timeline", "Timeline", "a traced step as a Chrome trace (runtime/hooks.py)"),
+    ("tensorflow.python.client.session.BaseSession", "_make_callable_from_options",
+     "a step's feeds and fetches made into one callable (runtime/step_call.py; tf_keras' v1 backend uses it too)"),
+    ("tensorflow.core.protobuf.config_pb2", "CallableOptions", "the same"),
+    ("tensorflow.python.client.session.BaseSession", "_do_call",
+     "a callable's error named by its op, as session.run names it (runtime/step_call.py)"),
     ("tensorflow.python.framework.kernels", "get_registered_kernels_for_op",
      "which op types have a GPU kernel (devices.py)"),
     ("tensorflow.python.ops.gen_resource_variable_ops", "resource_gather",
@@ -176,6 +181,18 @@ def configure_coordination_service(leader: str, workers: int, heartbeat_timeout_
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=leader, heartbeat_timeout_in_ms=heartbeat_timeout_s * 1000,
         coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=workers)])
+
+
+def session_callable(session, feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str],
+                     timeout_ms: int) -> Callable:
+    """TF's callable for one set of feeds, fetches and targets (tensor and op names): called with
+    the feeds' values in order (arrays of the placeholders' dtypes), it returns the fetches' values.
+    session.run converts every feed in Python and finds its executors by name on every call."""
+    from tensorflow.core.protobuf import config_pb2
+    options = config_pb2.CallableOptions(feed=feeds, fetch=fetches, target=targets)
+    options.run_options.timeout_in_ms = timeout_ms
+    made = session._make_callable_from_options(options)
+    return lambda *values: session._do_call(made, *values)
 
 
 def chrome_trace(step_stats) -> str:

@@ -14,12 +14,12 @@ import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
-import tensorflow as tf
 
 from parallax_tf.errors import Diverged
 from parallax_tf.feeds import batch_size, make_feeds
 from parallax_tf.model import RunContext
 from parallax_tf.runtime.hooks import Hook, StepStats
+from parallax_tf.runtime.step_call import StepCall
 
 
 @dataclasses.dataclass
@@ -140,6 +140,7 @@ class SyncRunner(Runner):
                    **(self.rows_fetch(inputs) if reads else {})}
         # the counting ops run only when fetched (inputs.measures)
         counted = dict(fetches, bytes=spec.bytes_per_step, lower_bound=spec.lower_bound_bytes)
+        call = StepCall(session, inputs.timeout_ms)
         unmeasured = [0.0] * len(spec.report_routes)
         previous_bytes, previous_measured = unmeasured, False     # the report sums the last step's
         for step in range(inputs.start, inputs.steps):
@@ -151,15 +152,15 @@ class SyncRunner(Runner):
             extra_targets, extra_feeds = spec.scheduled(step)
             feeds.update(extra_feeds)
             options, metadata = inputs.tracer.options(step)
-            # A whole step has a deadline too: a Horovod collective that never completes is not
-            # covered by the session's operation timeout.
-            options = options or tf.compat.v1.RunOptions()
-            options.timeout_in_ms = inputs.timeout_ms
+            if options is not None:
+                # A whole step has a deadline too (StepCall's has it always): a Horovod collective
+                # that never completes is not covered by the session's operation timeout.
+                options.timeout_in_ms = inputs.timeout_ms
             begin = time.perf_counter()
             measured = inputs.measures(step)
             with inputs.guard(f"step {step}"):
-                out = session.run(dict(counted if measured else fetches, extra=extra_targets), feeds, options=options,
-                                  run_metadata=metadata)
+                out = call.run(dict(counted if measured else fetches, extra=extra_targets), feeds, options=options,
+                               run_metadata=metadata)
             report = out["report"]
             mean_loss = report[0]          # every rank added its share
             metrics, metrics_end = _metrics_of(report, spec)
