@@ -45,6 +45,13 @@ def test_a_step_through_the_callable_gives_what_session_run_gives(step):
     assert len(call._made) == 2
 
 
+def test_a_variable_fetched_reads_its_value_as_in_session_run(step):
+    session, fetches, feeds = step
+    total = session.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)[0]
+    out = StepCall(session, timeout_ms=10_000).run({"total": total, "train": fetches["train"]}, feeds)
+    assert out["total"] in (0.0, 27.0) and session.run(total) == 27.0
+
+
 def test_an_error_names_its_op_as_session_run_does(step):
     session, fetches, feeds = step
     graph = session.graph

@@ -6,7 +6,7 @@ feeds, six of them strings), 0.12 ms through a callable (3,000 steps in one proc
 host's cores are busy with the step's own threads, that CPU is step time."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -20,7 +20,7 @@ class StepCall:
 
     def __init__(self, session, timeout_ms: int):
         self._session, self._timeout_ms = session, timeout_ms
-        self._made: Dict[tuple, Tuple[Callable, list, list]] = {}
+        self._made: Dict[tuple, Optional[Tuple[Callable, list, list]]] = {}
 
     def run(self, fetches, feeds: dict, options=None, run_metadata=None):
         if run_metadata is not None:       # a traced step: only session.run returns the trace
@@ -29,7 +29,11 @@ class StepCall:
         fed = list(feeds)
         key = (tuple(map(id, leaves)), tuple(map(id, fed)))
         if key not in self._made:
-            self._made[key] = self._make(leaves, fed)
+            # a fetch that is neither a tensor nor an op (a variable) takes session.run's conversion
+            plain = all(isinstance(leaf, (tf.Tensor, tf.Operation)) for leaf in leaves)
+            self._made[key] = self._make(leaves, fed) if plain else None
+        if self._made[key] is None:
+            return self._session.run(fetches, feeds, options=options)
         call, where, dtypes = self._made[key]
         values = call(*[np.asarray(feeds[t], dtype=dtype) for t, dtype in zip(fed, dtypes)])
         # an op fetched gives None, as in session.run
