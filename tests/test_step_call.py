@@ -20,7 +20,7 @@ def step():
         loss = tf.reduce_sum(tf.cast(ids, tf.float64)) + tf.reduce_sum(tf.cast(tf.strings.length(words), tf.float64)) \
             + tf.reduce_sum(tf.cast(weight, tf.float64)) + request
         train = tf.compat.v1.assign_add(total, loss).op
-        fetches = {"loss": loss, "train": train, "bytes": {"b": tf.size(ids), "a": tf.shape(words)},
+        fetches = {"loss": loss, "train": train, "bytes": {"b": tf.size(ids), "a": tf.shape(words), "fed": request},
                    "again": loss, "extra": [train, total.read_value()]}
         feeds = {ids: np.arange(4), words: np.array(["a", "bb", "ccc", ""], dtype=object), weight: [1, 2, 3, 4],
                  request: 5.0}
@@ -38,6 +38,7 @@ def test_a_step_through_the_callable_gives_what_session_run_gives(step):
     assert got["loss"] == want["loss"] == 6 + 6 + 10 + 5
     assert got["again"] == got["loss"] and got["train"] is None and got["extra"][0] is None
     assert got["bytes"]["b"] == 4 and list(got["bytes"]["a"]) == [4]
+    assert got["bytes"]["fed"] == want["bytes"]["fed"] == 5.0      # a fed tensor fetched: its fed value
     # each run applied its update once: session.run's after the callable's
     assert session.run(fetches["extra"][1]) == 2 * 27
     assert call.run(fetches, feeds)["loss"] == 27 and len(call._made) == 1    # made once for these feeds and fetches

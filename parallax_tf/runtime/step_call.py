@@ -35,14 +35,22 @@ class StepCall:
         if self._made[key] is None:
             return self._session.run(fetches, feeds, options=options)
         call, where, dtypes = self._made[key]
-        values = call(*[np.asarray(feeds[t], dtype=dtype) for t, dtype in zip(fed, dtypes)])
-        # an op fetched gives None, as in session.run
-        return tf.nest.pack_sequence_as(fetches, [None if at is None else values[at] for at in where])
+        given = [np.asarray(feeds[t], dtype=dtype) for t, dtype in zip(fed, dtypes)]
+        values = call(*given)
+        # an op fetched gives None, a fed tensor fetched its fed value, as in session.run
+        return tf.nest.pack_sequence_as(fetches, [None if at is None else (values if kind else given)[at]
+                                                  for kind, at in where])
 
     def _make(self, leaves: list, fed: list):
-        """The callable, where each leaf's value is among its results (None: an op), the feeds' dtypes."""
-        names = list(dict.fromkeys(leaf.name for leaf in leaves if not isinstance(leaf, tf.Operation)))
+        """The callable; for each leaf (True, its index among the results), (False, its index among
+        the feeds) or (None, None) for an op; the feeds' dtypes. TF's callable may not fetch what
+        it is fed."""
+        fed_names = [t.name for t in fed]
+        names = list(dict.fromkeys(leaf.name for leaf in leaves
+                                   if not isinstance(leaf, tf.Operation) and leaf.name not in fed_names))
         targets = list(dict.fromkeys(leaf.name for leaf in leaves if isinstance(leaf, tf.Operation)))
-        call = tf_shim.session_callable(self._session, [t.name for t in fed], names, targets, self._timeout_ms)
-        where = [None if isinstance(leaf, tf.Operation) else names.index(leaf.name) for leaf in leaves]
+        call = tf_shim.session_callable(self._session, fed_names, names, targets, self._timeout_ms)
+        where = [(None, None) if isinstance(leaf, tf.Operation) else
+                 (False, fed_names.index(leaf.name)) if leaf.name in fed_names else (True, names.index(leaf.name))
+                 for leaf in leaves]
         return call, where, [t.dtype.as_numpy_dtype for t in fed]
