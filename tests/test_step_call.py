@@ -1,6 +1,6 @@
 """A synchronous step runs through TF's callable (parallax_tf/runtime/step_call.py): the same
-values as session.run for the runner's fetch structures and feeds, errors named by their op, the
-step's deadline, and a traced step's trace."""
+values as session.run for the runner's fetch structures and feeds (a fed tensor fetched, a
+variable), errors named by their op, the step's deadline, and a traced step's trace."""
 import numpy as np
 import pytest
 import tensorflow as tf
