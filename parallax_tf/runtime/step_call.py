@@ -33,7 +33,8 @@ class StepCall:
             plain = all(isinstance(leaf, (tf.Tensor, tf.Operation)) for leaf in leaves)
             self._made[key] = self._make(leaves, fed) if plain else None
         if self._made[key] is None:
-            return self._session.run(fetches, feeds, options=options)
+            return self._session.run(fetches, feeds, options=options or tf.compat.v1.RunOptions(
+                timeout_in_ms=self._timeout_ms))
         call, where, dtypes = self._made[key]
         given = [np.asarray(feeds[t], dtype=dtype) for t, dtype in zip(fed, dtypes)]
         values = call(*given)
