@@ -37,21 +37,18 @@ class StepCall:
                 timeout_in_ms=self._timeout_ms))
         call, where, dtypes = self._made[key]
         given = [np.asarray(feeds[t], dtype=dtype) for t, dtype in zip(fed, dtypes)]
-        values = call(*given)
         # an op fetched gives None, a fed tensor fetched its fed value, as in session.run
-        return tf.nest.pack_sequence_as(fetches, [None if at is None else (values if kind else given)[at]
-                                                  for kind, at in where])
+        values = list(call(*given)) + given
+        return tf.nest.pack_sequence_as(fetches, [None if at is None else values[at] for at in where])
 
     def _make(self, leaves: list, fed: list):
-        """The callable; for each leaf (True, its index among the results), (False, its index among
-        the feeds) or (None, None) for an op; the feeds' dtypes. TF's callable may not fetch what
-        it is fed."""
+        """The callable; where each leaf's value is among its results followed by the fed values
+        (None: an op); the feeds' dtypes. TF's callable may not fetch what it is fed."""
         fed_names = [t.name for t in fed]
         names = list(dict.fromkeys(leaf.name for leaf in leaves
                                    if not isinstance(leaf, tf.Operation) and leaf.name not in fed_names))
         targets = list(dict.fromkeys(leaf.name for leaf in leaves if isinstance(leaf, tf.Operation)))
         call = tf_shim.session_callable(self._session, fed_names, names, targets, self._timeout_ms)
-        where = [(None, None) if isinstance(leaf, tf.Operation) else
-                 (False, fed_names.index(leaf.name)) if leaf.name in fed_names else (True, names.index(leaf.name))
-                 for leaf in leaves]
+        order = names + fed_names
+        where = [None if isinstance(leaf, tf.Operation) else order.index(leaf.name) for leaf in leaves]
         return call, where, [t.dtype.as_numpy_dtype for t in fed]
