@@ -16,13 +16,14 @@ from parallax_tf import flags as ptf_flags
 from parallax_tf import devices, dynamic, model_init, rank_run, strategy as strategy_lib
 from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import capture
 from parallax_tf.model import Result, RunContext
 from parallax_tf.plan import Plan, ROUTE_LOCAL, human_bytes
 from parallax_tf.planner import PlanRequest, make_plan, measurements
 from parallax_tf.runtime import cluster as cluster_lib
-from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, session, teardown
+from parallax_tf.runtime import exit as exit_lib, launch, launcher, placement, quiet, rank_objects, session, teardown
 from parallax_tf.runtime.hooks import (Checkpointer, Hook, LiveRun, Progress, StepTracer, Summaries,
                                       format_histogram, tables_line)
 from parallax_tf.runtime.runner import RunInputs, SyncRunner
@@ -41,6 +42,14 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     partitions, slim_core, ...); keyword arguments override the flags. `hooks`
     (runtime.hooks.Hook) run on every rank around and between steps. Outside any launcher with
     np > 1 this process launches the ranks, waits for them and exits with their status."""
+    # A TF1 script's first line, tf.compat.v1.disable_eager_execution(), makes graph mode the
+    # process's default; model_fn builds its graphs either way, and the toolkit's own eager work
+    # (Horovod's object exchanges, checkpoint writes) runs as it does in every other script.
+    with tf_shim.eager_mode():
+        return _run(model_fn, input_fn, steps, hooks, options)
+
+
+def _run(model_fn, input_fn, steps, hooks, options) -> Result:
     phases = {"run": time.time()}        # when each start-up phase ended (Result.extras["phases"])
     exit_lib.ran()
     opts = ptf_flags.resolve(steps=steps, **options)
@@ -81,9 +90,8 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
 
 
 def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, phases) -> Result:
-    import horovod.tensorflow as hvd
     topo = cluster.topology
-    run_id = f"parallaxrun{hvd.broadcast_object(next(_RUN_IDS), root_rank=0)}"
+    run_id = f"parallaxrun{rank_objects.broadcast(next(_RUN_IDS))}"
     built = _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id)
     phases["graph"] = time.time()
     ran = _open_rank_session(opts, cluster, captured, plan, built, user_hooks)
@@ -299,7 +307,6 @@ def _hooks(opts, topo, store, commits, state_io, sess, step_key):
 
 
 def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
-    import horovod.tensorflow as hvd
     text = None
     if topo.is_chief:
         plan = make_plan(PlanRequest(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
@@ -308,7 +315,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
         plan.servers = list(cluster.server_addresses)
         plan.devices = cluster.devices
         text = plan.to_json()
-    return Plan.from_json(hvd.broadcast_object(text, root_rank=0))
+    return Plan.from_json(rank_objects.broadcast(text))
 
 
 def _plan_only(model_fn, input_fn, opts) -> Result:

@@ -8,6 +8,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from parallax_tf.plan import InputDecision
+
 
 @dataclasses.dataclass
 class VariableInfo:
@@ -53,3 +55,5 @@ class Capture:
     metrics: List[str] = dataclasses.field(default_factory=list)   # the names in Model.metrics
     # the model's dynamic tables (parallax_tf.dynamic): DynamicEmbedding.describe() and the row rule
     dynamic_tables: List[Dict[str, object]] = dataclasses.field(default_factory=list)
+    # the tf.data pipelines model_fn builds, in the order it makes them: sharded or read as built
+    inputs: List[InputDecision] = dataclasses.field(default_factory=list)

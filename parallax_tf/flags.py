@@ -63,9 +63,10 @@ class TrainingOptions:
     plan_only: bool = option(False, "plan_only", "Print the plan and return without training.")
     shard_input: bool = option(
         True, "shard_input",
-        "A tf.data pipeline built inside model_fn is read by each data rank in turn (rank r of N takes "
-        "batches r, r+N, ...: the job's global batch is the single-device script's next N batches); "
-        "--noshard_input: every rank reads the whole pipeline.")
+        "A tf.data pipeline built inside model_fn that does not depend on the rank is read by each data rank "
+        "in turn (rank r of N takes batches r, r+N, ...: the job's global batch is the single-device script's "
+        "next N batches); one the script splits by rank itself is read as built (the plan's `input` lines say "
+        "which); --noshard_input: every rank reads every pipeline whole.")
     seed: int = option(0, "seed", "Graph-level random seed, the same on every rank.")
     timeout_s: int = option(120, "timeout_s", "Longest any cross-rank wait may take before the run fails.")
 

@@ -21,6 +21,10 @@ ITERATOR_READ_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "Iterat
 ITERATOR_OPS = frozenset({"Iterator", "IteratorV2", "AnonymousIterator", "AnonymousIteratorV2"})
 # A feedable iterator, whose handle the script feeds at every step.
 FEEDABLE_ITERATOR_OPS = frozenset({"IteratorFromStringHandle", "IteratorFromStringHandleV2"})
+# A tf.data pipeline's split into shards (Dataset.shard), and the ops that run Python inside one
+# (from_generator, py_function): what they read is invisible to the graph.
+SHARD_DATASET_OPS = frozenset({"ShardDataset"})
+PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})        # TF's legacy ref variables

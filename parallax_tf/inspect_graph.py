@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import dynamic, graph_walk, model_init, training_graph
+from parallax_tf import dynamic, graph_walk, input_shard, model_init, training_graph
 from parallax_tf.captured import Capture, StateInfo, VariableInfo
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
@@ -75,15 +75,12 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
             shard_input: bool = True, process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()) -> Capture:
     """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
     `time_compute`: times a step; `measures`: a strategy's further measurements (Measure
-    objects, parallax_tf.strategy), each given a CaptureView; `shard_input`: tf.data built in
-    model_fn is sharded by ctx (training_graph.build's `shard`); `process`: the pools and
-    device its sessions run with."""
-    graph = tf.Graph()
-    from_get_variable: set = set()
+    objects, parallax_tf.strategy), each given a CaptureView; `shard_input` (--shard_input):
+    whether the tf.data pipelines model_fn builds may be sharded, each as input_shard decides;
+    `process`: the pools and device its sessions run with."""
+    graph, training, from_get_variable = _build(model_fn, ctx, seed, shard_input)
+    inputs = input_shard.decide(training.inputs, lambda other: _build(model_fn, other, seed, shard_input)[1].inputs)
     with graph.as_default():
-        tf.compat.v1.set_random_seed(seed)
-        with record_get_variable(from_get_variable):
-            training = training_graph.build(model_fn, ctx, shard=shard_input)
         built = _model_parts(graph, training, from_get_variable)
         # input_fn runs on the evaluating rank only: a rank that reads no data (a Stanza FC node)
         # may have no batch to give
@@ -104,7 +101,19 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
         measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,
-                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies))
+                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies), inputs)
+
+
+def _build(model_fn: Callable, ctx: RunContext, seed: int, shard_input: bool):
+    """model_fn's training graph in a graph of its own, as every rank builds it: (the graph, its
+    training_graph.Training, the names of the variables made by get_variable)."""
+    graph = tf.Graph()
+    from_get_variable: set = set()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        with record_get_variable(from_get_variable):
+            training = training_graph.build(model_fn, ctx, shard=shard_input)
+    return graph, training, from_get_variable
 
 
 @dataclasses.dataclass

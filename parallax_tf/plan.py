@@ -89,6 +89,19 @@ class DynamicTablePlan:
 
 
 @dataclasses.dataclass
+class InputDecision:
+    """One tf.data pipeline model_fn builds: whether the toolkit shards it, and why."""
+    iterator: str          # the op name of the iterator it was made into (rank 0's graph)
+    sharded: bool
+    why: str
+
+    def line(self) -> str:
+        how = "sharded by the toolkit (rank r of N reads batches r, r+N, ...)" if self.sharded else \
+            "read as built"
+        return f"input {self.iterator}: {how}: {self.why}"
+
+
+@dataclasses.dataclass
 class Plan:
     strategy: str
     num_ranks: int
@@ -102,6 +115,8 @@ class Plan:
     options: Dict[str, object] = dataclasses.field(default_factory=dict)  # the strategy's options, by field
     devices: Optional[str] = None       # on GPU ranks, what runs where (parallax_tf.devices.summary)
     dynamic_tables: List[DynamicTablePlan] = dataclasses.field(default_factory=list)
+    # the tf.data pipelines model_fn builds, in the order it makes them: sharded by the toolkit or not
+    inputs: List[InputDecision] = dataclasses.field(default_factory=list)
 
     def by_name(self) -> Dict[str, VariablePlan]:
         return {v.name: v for v in self.variables}
@@ -126,10 +141,11 @@ class Plan:
             shards = [Shard(**s) for s in v.pop("shards")]
             variables.append(VariablePlan(shards=shards, **v))
         dynamic_tables = [DynamicTablePlan(**t) for t in raw.pop("dynamic_tables", [])]
+        inputs = [InputDecision(**i) for i in raw.pop("inputs", [])]
         section = raw.pop("section", None)
         if section is not None:
             section = _SECTION_TYPES[raw["strategy"]].from_dict(section)
-        return cls(variables=variables, section=section, dynamic_tables=dynamic_tables, **raw)
+        return cls(variables=variables, section=section, dynamic_tables=dynamic_tables, inputs=inputs, **raw)
 
     # ---- display ---------------------------------------------------------------------------
     @property
@@ -153,6 +169,7 @@ class Plan:
                      f"global_step={self.global_step_key} "
                      f"est. bytes/step/rank={human_bytes(total)}")
         lines.extend(table.line() for table in self.dynamic_tables)
+        lines.extend(pipeline.line() for pipeline in self.inputs)
         if self.devices:
             lines.append(f"devices: {self.devices}")
         if self.section is not None:

@@ -59,7 +59,8 @@ def make_plan(request: PlanRequest) -> Plan:
                 local_aggregation=request.local_aggregation, variables=entries, global_step=capture.global_step,
                 section=decided.section, options=dataclasses.asdict(request.options),
                 dynamic_tables=[DynamicTablePlan(**table, shards=partitions or num_hosts)
-                                for table in capture.dynamic_tables])
+                                for table in capture.dynamic_tables],
+                inputs=list(capture.inputs))
 
 
 def _model_state(capture: Capture, decided: Decisions) -> List[VariablePlan]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -63,6 +63,7 @@ class Training:
     gradient_calls: List[GradientCall]
     global_step: object             # the variable the train op advances once per step, or None
     keras_layers: Dict[str, str]    # variable op name -> the tf_keras layer class that made it
+    inputs: input_shard.Scope       # the tf.data pipelines model_fn made, and whether each is sharded
 
     def raw_gradients(self) -> Dict[str, tuple]:
         """Applied variable (op name) -> (its raw gradient, the gradient call it came from)."""
@@ -238,17 +239,19 @@ def call_model_fn(model_fn: Callable, ctx: RunContext) -> Model:
     return model
 
 
-def build(model_fn: Callable, ctx: RunContext, variable_hook=None, shard: bool = True) -> Training:
+def build(model_fn: Callable, ctx: RunContext, variable_hook=None, shard: bool = True,
+          input_decisions: Optional[List[input_shard.InputDecision]] = None) -> Training:
     """Calls model_fn in the default graph, recording how it trains; for the optimizer form,
     adds `optimizer.minimize(loss)` (advancing the model's global step if it has one, after its
     state updates: UPDATE_OPS and tf_keras layer updates).
 
     `variable_hook(next_creator, kwargs, in_apply)` creates each variable (the rewriter places
-    them with it); `in_apply` is true inside an optimizer's apply_gradients (slots). `shard`: a
-    tf.data pipeline model_fn builds is read by ctx's ranks in turn (parallax_tf.input_shard)."""
+    them with it); `in_apply` is true inside an optimizer's apply_gradients (slots). `shard`
+    (--shard_input) and `input_decisions` (the plan's): how the tf.data pipelines model_fn builds
+    are read by ctx's ranks (parallax_tf.input_shard; without decisions, the Scope decides)."""
     recorder = _Recorder(variable_hook)
-    with recorder.recording(), input_shard.sharding(ctx, shard) as inputs:
-        model = call_model_fn(model_fn, ctx)
+    with recorder.recording(), input_shard.sharding(ctx, shard, input_decisions) as inputs:
+        model = call_model_fn(model_fn, inputs.ctx)
         train_op = model.train_op
         if not tf.compat.v1.trainable_variables():
             raise ModelError("model_fn created no trainable variables: there is nothing to train")
@@ -292,7 +295,7 @@ def build(model_fn: Callable, ctx: RunContext, variable_hook=None, shard: bool =
     steps = steps or [a.own_counter for a in applies if a.own_counter is not None]
     training = Training(model=model, loss=model.loss, train_op=train_op, applies=applies,
                         gradient_calls=recorder.gradient_calls, global_step=steps[0] if steps else None,
-                        keras_layers=recorder.keras_layers)
+                        keras_layers=recorder.keras_layers, inputs=inputs)
     _check_gradients_are_recorded(training)
     return training
 

@@ -125,30 +125,152 @@ def test_an_unshardable_iterator_is_said_once_on_rank_0(capsys, monkeypatch):
     assert "warning" not in capsys.readouterr().err          # sharded, or asked to read the whole
 
 
-def _single_device(batch: int):
-    """Plain TF: the job's model with batches of `batch` rows, trained for the job's steps."""
+def _decided(make, size: int = 2):
+    """(sharded, why) of each pipeline `make(ctx)` builds, as inspection decides on rank 0."""
+    def build(ctx):
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(0)
+
+            def model_fn(ctx):
+                w = tf.compat.v1.get_variable("w", [1, 1])
+                return ptf.Model(loss=tf.reduce_mean(tf.matmul(make(ctx), w)),
+                                 optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+            return training_graph.build(model_fn, ctx).inputs
+    return [(d.sharded, d.why) for d in input_shard.decide(build(RunContext(rank=0, size=size)), build)]
+
+
+def _one_shot(ds):
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+
+
+def _rows():
+    return tf.data.Dataset.from_tensor_slices(np.arange(ROWS, dtype=np.float32)[:, None])
+
+
+def _generator():
+    rows = np.arange(ROWS, dtype=np.float32)[:, None]
+    return tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=tf.TensorSpec([1], tf.float32))
+
+
+DEPENDS = "it depends on ctx.rank (built for rank 1, it reads other data)"
+INDEPENDENT = "it does not depend on the rank"
+PIPELINE_FORMS = {
+    "plain": (lambda ctx: _one_shot(_rows().batch(2)), True, INDEPENDENT),
+    # the rank read for a metric after the pipeline was made changes nothing
+    "rank_read_after": (lambda ctx: _one_shot(_rows().batch(2)) + 0.0 * ctx.rank, True, INDEPENDENT),
+    # read before, but the pipeline is the same for every rank (functions, a seedless shuffle)
+    "rank_read_before": (lambda ctx: (ctx.rank, _one_shot(_rows().map(lambda v: v * 2.0).shuffle(8).batch(2)))[1],
+                         True, INDEPENDENT),
+    "shard_by_ctx_after_batch": (lambda ctx: _one_shot(_rows().batch(2).shard(ctx.size, ctx.rank)), False,
+                                 "it already holds a shard by the job's size (2)"),
+    "shard_by_a_constant": (lambda ctx: _one_shot(_rows().shard(2, 0).batch(2)), False,
+                            "it already holds a shard by the job's size (2)"),
+    "data_by_rank": (lambda ctx: tf.compat.v1.data.make_initializable_iterator(
+        tf.data.Dataset.from_tensor_slices(np.arange(ROWS, dtype=np.float32)[ctx.rank::ctx.size, None])
+        .batch(2)).get_next(), False, DEPENDS),
+    "file_by_rank": (lambda ctx: _one_shot(tf.data.Dataset.from_tensor_slices(
+        tf.strings.to_number([f"{ctx.rank}.5"])[:, None]).repeat().batch(2)), False, DEPENDS),
+    "map_by_rank": (lambda ctx: _one_shot(_rows().map(lambda v: v + float(ctx.rank)).batch(2)), False, DEPENDS),
+    "python_after_rank_read": (lambda ctx: (ctx.rank, _one_shot(_generator().batch(2)))[1], False,
+                               "model_fn read ctx.rank before making it, and it runs Python the toolkit cannot "
+                               "see into"),
+    "python_without_rank": (lambda ctx: _one_shot(_generator().batch(2)), True, INDEPENDENT),
+    "opted_out": (lambda ctx: _one_shot(_rows().batch(2).with_options(_no_auto_shard())), False,
+                  "its options set AutoShardPolicy.OFF"),
+}
+
+
+@pytest.mark.parametrize("form", PIPELINE_FORMS)
+def test_a_pipeline_is_sharded_only_when_it_does_not_depend_on_the_rank(form):
+    make, sharded, why = PIPELINE_FORMS[form]
+    assert _decided(make) == [(sharded, why)]
+
+
+def test_one_rank_and_noshard_input_read_every_pipeline_as_built():
+    assert _decided(PIPELINE_FORMS["plain"][0], size=1) == [(False, "one data rank")]
+    with tf.Graph().as_default():
+        training = training_graph.build(lambda ctx: ptf.Model(
+            loss=tf.reduce_mean(tf.matmul(_one_shot(_rows().batch(2)), tf.compat.v1.get_variable("w", [1, 1]))),
+            optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1)), RunContext(rank=0, size=2), shard=False)
+    assert [(d.sharded, d.why) for d in training.inputs.decisions()] == [(False, "--noshard_input")]
+
+
+def test_the_plan_says_what_happened_to_each_pipeline():
+    def model_fn(ctx):
+        mine = _one_shot(_rows().shard(ctx.size, ctx.rank).batch(2))
+        shared = _one_shot(_rows().batch(2))
+        w = tf.compat.v1.get_variable("w", [1, 1])
+        return ptf.Model(loss=tf.reduce_mean(tf.matmul(mine + shared, w)),
+                         optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    plan = ptf.run(model_fn, plan_only=True, np=2, log_every=0).plan
+    lines = [line for line in plan.table().splitlines() if line.startswith("input ")]
+    assert lines == ["input OneShotIterator: read as built: it already holds a shard by the job's size (2)",
+                     "input OneShotIterator_1: sharded by the toolkit (rank r of N reads batches r, r+N, ...): "
+                     "it does not depend on the rank"]
+    assert ptf.Plan.from_json(plan.to_json()).inputs == plan.inputs
+
+
+def _single_device(batches):
+    """Plain TF: the job's model trained on `batches` (features, targets), one a step."""
     from tests.jobs import input_shard_job as job
     graph = tf.Graph()
     with graph.as_default():
-        model = job.model_fn(batch)
-        train = cases.minimize(model.optimizer, model.loss)
+        feats = tf.compat.v1.placeholder(tf.float32, [None, job.DIM])
+        labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        w = tf.compat.v1.get_variable("w", initializer=job.INITIAL_W)
+        b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+        loss = tf.reduce_mean(tf.square(tf.matmul(feats, w) + b - labels))
+        train = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for _ in range(job.STEPS):
-                sess.run(train)
-            return {v.op.name: sess.run(v) for v in tf.compat.v1.trainable_variables()}
+            for x, y in batches:
+                sess.run(train, {feats: x, labels: y})
+            return {"w": sess.run(w), "b": sess.run(b)}
 
 
-def test_two_ranks_train_on_consecutive_batches_and_noshard_input_reads_the_whole_pipeline():
+def _batches(rows: np.ndarray, batch: int, steps: int):
+    """The batches a repeated pipeline over `rows` hands its steps."""
+    from tests.jobs import input_shard_job as job
+    order = np.resize(rows, batch * steps)
+    return [(job.FEATURES[order[k * batch:(k + 1) * batch]], job.TARGETS[order[k * batch:(k + 1) * batch]])
+            for k in range(steps)]
+
+
+def _joined(per_rank):
+    """Each step's global batch: the ranks' batches of that step, joined."""
+    return [tuple(np.concatenate(parts) for parts in zip(*step)) for step in zip(*per_rank)]
+
+
+def _expected(form: str, size: int):
+    """(the global batches single-device TF trains on, whether the toolkit shards the pipeline)."""
+    from tests.jobs import input_shard_job as job
+    every = np.arange(job.ROWS)
+    if form == "sharded":          # rank r reads batches r, r+N, ...: the next N batches of the script
+        return _batches(every, size * job.BATCH, job.STEPS), True
+    if form == "whole":            # every rank reads the same batch
+        return [(np.concatenate([x] * size), np.concatenate([y] * size))
+                for x, y in _batches(every, job.BATCH, job.STEPS)], False
+    if form == "shard_by_horovod":
+        form = "shard_by_ctx"
+    return _joined([_batches(job.rows_of_rank(form, r, size), job.BATCH, job.STEPS) for r in range(size)]), False
+
+
+def test_two_ranks_train_exactly_on_what_each_pipeline_form_reads():
+    """An unsharded pipeline is sharded by the toolkit; one the script splits by rank itself (a
+    shard by ctx, data chosen by ctx.rank, a shard by Horovod's size) is read as built; with
+    --noshard_input every rank reads the whole pipeline. Each trains as single-device TF on the
+    global batches its ranks read."""
     from tests.jobs import input_shard_job as job
     out = tempfile.mkdtemp(prefix="ptf-input-shard-")
     proc = launch.run_ranks(2, ["tests/jobs/input_shard_job.py", out])
     assert proc.returncode == 0, launch.tail(proc)
-    for mode, rows in (("sharded", 2 * job.BATCH), ("whole", job.BATCH)):
-        ranks = [np.load(os.path.join(out, f"{mode}.rank{r}.npz")) for r in range(2)]
-        want = _single_device(rows)     # sharded: two consecutive batches; whole: one batch, twice
+    for form in job.PIPELINES:
+        ranks = [np.load(os.path.join(out, f"{form}.rank{r}.npz")) for r in range(2)]
+        batches, sharded = _expected(form, 2)
+        assert bool(ranks[0]["sharded"]) == sharded, f"{form}: {ranks[0]['why']}"
+        want = _single_device(batches)
         for name, value in want.items():
             error = reference.relative_error(ranks[0][f"var:{name}"], value)
-            assert error <= 1e-5, f"{mode}/{name}: relative error {error:.2e}"
+            assert error <= 1e-5, f"{form}/{name}: relative error {error:.2e}"
         same = np.array_equal(ranks[0]["losses"], ranks[1]["losses"])
-        assert same == (mode == "whole"), f"{mode}: rank losses {ranks[0]['losses']} and {ranks[1]['losses']}"
+        assert same == (form == "whole"), f"{form}: rank losses {ranks[0]['losses']} and {ranks[1]['losses']}"

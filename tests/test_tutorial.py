@@ -50,10 +50,20 @@ def test_the_tutorial_on_two_ranks_reports_what_the_job_did():
     # it first), not once per rank
     warnings = [re.search(r"tutorial_job\.py:(\d+): UserWarning", line).group(1)
                 for line in proc.stderr.splitlines() if "`tf.layers.dense` is deprecated" in line]
-    assert sorted(warnings) == ["23", "24"], proc.stderr
+    dense_lines = [str(n) for n, line in enumerate(open(JOB), 1) if "tf.compat.v1.layers.dense(" in line]
+    assert sorted(warnings) == dense_lines and len(dense_lines) == 2, proc.stderr
     tags = {value.tag for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
             for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value}
     assert {"loss", "metrics/accuracy", "metrics/rank", "examples_per_second"} <= tags
+
+
+@pytest.mark.parametrize("switch", ["disable_eager_execution", "disable_v2_behavior"])
+def test_the_tutorial_in_one_process_after_its_first_line_switches_to_graph_mode(switch):
+    proc = _run([JOB, "--steps", "5", "--log_every", "0"], env={"TUTORIAL_STEPS": "5", "TUTORIAL_DISABLE": switch})
+    assert proc.returncode == 0, launch.tail(proc)
+    got = _result(proc.stdout)
+    assert got["steps"] == 5 and got["examples_per_step"] == 64
+    assert all(np.isfinite(got["mean_losses"])) and len(got["mean_losses"]) == 5
 
 
 def sum_of_step_times(stdout: str, got: dict) -> float:

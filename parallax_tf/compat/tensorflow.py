@@ -40,6 +40,9 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tensorflow.python.data.ops.iterator_ops.Iterator", "make_initializer", "the same"),
     ("tensorflow.python.data.ops.iterator_ops.Iterator()", "_iterator_resource",
      "the op of an iterator the toolkit sharded (input_shard.py)"),
+    ("tensorflow.python.data.ops.dataset_ops.DatasetV2()", "_variant_tensor",
+     "the ops of a tf.data pipeline, compared between two ranks' builds (input_shard.py)"),
+    ("tensorflow.Graph()", "_get_function", "the body of a function a tf.data pipeline calls (input_shard.py)"),
     ("tensorflow.__internal__.eager_context", "eager_mode", "eager execution inside a graph (fit/spec.py)"),
     ("tensorflow.python.eager.context", "context",
      "the coordination service's heartbeat set before MultiWorkerMirroredStrategy (tools/baselines_mwms.py)"),
@@ -94,6 +97,7 @@ def _samples() -> dict:
             return tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(1))
     return {"tensorflow.Graph()": tf.Graph,
             "tensorflow.python.data.ops.iterator_ops.Iterator()": iterator,
+            "tensorflow.python.data.ops.dataset_ops.DatasetV2()": lambda: tf.data.Dataset.range(1),
             "tensorflow.compat.v1.train.AdamOptimizer()": lambda: train.AdamOptimizer(0.1),
             "tensorflow.compat.v1.train.MomentumOptimizer()": lambda: train.MomentumOptimizer(0.1, 0.9),
             "tensorflow.compat.v1.train.GradientDescentOptimizer()": lambda: train.GradientDescentOptimizer(0.1),
@@ -231,6 +235,19 @@ def iterator_makers() -> Tuple[Tuple[type, str], ...]:
 def is_dataset(value) -> bool:
     from tensorflow.python.data.ops import dataset_ops
     return isinstance(value, dataset_ops.DatasetV2)
+
+
+def dataset_variant(dataset):
+    """The tensor a graph-mode dataset's pipeline computes (its last op's output)."""
+    return getattr(dataset, "_variant_tensor", None)
+
+
+def function_definition(graph, name: str):
+    """The FunctionDef of a function the graph holds (a tf.data map's), or None."""
+    found = graph._get_function(name)
+    if found is None:
+        return None
+    return getattr(found, "cached_definition", None) or getattr(found, "definition", None)
 
 
 def iterator_resource(iterator):

@@ -15,6 +15,7 @@ import numpy as np
 from parallax_tf.errors import ConfigError
 from parallax_tf.fit.graph import metric_result
 from parallax_tf.fit.spec import eagerly
+from parallax_tf.runtime import rank_objects
 from parallax_tf.runtime.hooks import Hook, LiveRun
 
 BATCH_METHODS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
@@ -109,8 +110,7 @@ class EpochEnds(Hook):
                     self.callbacks.on_epoch_end(epoch, logs)
                 stop = bool(self.spec.model.stop_training)
             if self.live.size > 1:
-                import horovod.tensorflow as hvd
-                logs, stop = hvd.broadcast_object((logs, stop), root_rank=0, name="parallax_fit_epoch_end")
+                logs, stop = rank_objects.broadcast((logs, stop), name="parallax_fit_epoch_end")
         self.history.on_epoch_end(epoch, logs)
         self.logs = logs
         if self.chief and self.verbose:

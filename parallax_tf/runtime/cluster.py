@@ -21,7 +21,7 @@ import tensorflow as tf
 from parallax_tf.errors import ClusterError
 from parallax_tf import devices
 from parallax_tf import threads as pool_threads
-from parallax_tf.runtime import bind
+from parallax_tf.runtime import bind, rank_objects
 from parallax_tf.runtime.launch import under_launcher  # noqa: F401  (part of this module's interface)
 from parallax_tf.runtime.topology import Topology
 
@@ -67,7 +67,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     host_name = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     choice = devices.choose(hvd.local_rank(), hvd.local_size(), devices.listed_gpus(), device_request, cuda_visible)
-    peers = hvd.allgather_object({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank(),
+    peers = rank_objects.allgather({"rank": hvd.rank(), "host": host_name, "local_rank": hvd.local_rank(),
                                   "device": choice.device_type, "gpu": devices.physical_id(choice, cuda_visible),
                                   "port_base": default_port_base(hvd.local_size())})
     devices.check_agreement(peers, device_request.share)
@@ -91,7 +91,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     bind.announce_ports(ports)
     mine = {"rank": hvd.rank(), "host": host_name, "worker": f"{address}:{ports[0]}",
             "host_task": f"{address}:{ports[1]}" if want == 2 else None}
-    everyone = sorted(hvd.allgather_object(mine), key=lambda p: p["rank"])
+    everyone = sorted(rank_objects.allgather(mine), key=lambda p: p["rank"])
     spec = {"worker": [p["worker"] for p in everyone]}
     if host_job:
         spec[host_job] = [next(p["host_task"] for p in everyone if p["host"] == h and p["host_task"]) for h in hosts]
@@ -102,7 +102,7 @@ def start_cluster(bind_address: Optional[str], base_port: Optional[int], verbose
     worker = _server(spec, "worker", hvd.rank(), mine["worker"], process)
     host_server = _server(spec, host_job, hosts.index(host_name), mine["host_task"], process) \
         if mine["host_task"] else None
-    hvd.allgather_object(True)  # every server is up before anyone opens a session
+    rank_objects.allgather(True)  # every server is up before anyone opens a session
     if verbose or os.environ.get("PARALLAX_PRINT_ADDRESSES") == "1":   # tests read the ports from it
         print(f"parallax_tf rank {hvd.rank()}: worker {mine['worker']}"
               + (f", {host_job} {mine['host_task']}" if mine["host_task"] else ""), file=sys.stderr, flush=True)

@@ -18,6 +18,7 @@ import numpy as np
 from parallax_tf.errors import Diverged
 from parallax_tf.feeds import batch_size, make_feeds
 from parallax_tf.model import RunContext
+from parallax_tf.runtime import rank_objects
 from parallax_tf.runtime.hooks import Hook, StepStats
 from parallax_tf.runtime.step_call import StepCall
 
@@ -193,5 +194,4 @@ def _metrics_of(report, spec: SyncStep):
 
 def _every_rank_reported() -> None:
     """A barrier of the ranks that diverged together, once each has printed why."""
-    import horovod.tensorflow as hvd
-    hvd.allgather_object(True)
+    rank_objects.allgather(True)

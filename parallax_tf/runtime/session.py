@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from parallax_tf.errors import ClusterError
 from parallax_tf import threads as pool_threads
-from parallax_tf.runtime import placement
+from parallax_tf.runtime import placement, rank_objects
 
 
 def remote_tasks(graph, rank: int) -> List[str]:
@@ -28,8 +28,7 @@ def alone(remote: List[str], rank: int, size: int) -> bool:
     anything on its worker (collective: every rank calls it once, before its session)."""
     everyone = [remote]
     if size > 1:
-        import horovod.tensorflow as hvd
-        everyone = hvd.allgather_object(remote)
+        everyone = rank_objects.allgather(remote)
     return not remote and not any(f"/job:worker/task:{rank}" in other for other in everyone)
 
 

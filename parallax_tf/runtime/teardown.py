@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Callable
 
+from parallax_tf.runtime import rank_objects
 from parallax_tf.runtime.watchdog import LOST_RANK_EXIT, STALLED_EXIT
 
 _EXIT_BOUND = {}     # rank and seconds of the bound on Horovod's shutdown at exit, once registered
@@ -46,10 +47,9 @@ def finish(sess, target: str, run_id: str, rank: int, size: int, timeout_s: int,
 
 
 def _barrier(rank: int, seconds: float) -> None:
-    import horovod.tensorflow as hvd
     what = "the barrier after Session.reset"
     try:
-        bounded(what, seconds, rank, lambda: hvd.allgather_object(rank, name="parallax_teardown"))
+        bounded(what, seconds, rank, lambda: rank_objects.allgather(rank, name="parallax_teardown"))
     except Exception as err:    # noqa: BLE001  (Horovod stopped: a peer left before everyone got here)
         said = re.sub(r"\{\{.*?\}\}", "", str(err)).strip().split(". ")[0][:160] or type(err).__name__
         give_up(rank, f"{what} failed, a peer has left ({said})", LOST_RANK_EXIT)

@@ -117,7 +117,7 @@ def _build_placed(request: BuildRequest, on_servers, on_ranks: dict, step_on_ser
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
         return training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable,
-                                    shard=request.shard_input)
+                                    shard=request.shard_input, input_decisions=request.plan.inputs)
 
 
 def _own_rows_and_gradients(request, training, parts, pulled: set, sparse_on_ps: set, on_ranks: dict) -> Rebuilt:

@@ -1,5 +1,6 @@
 """A TF1 tutorial as a new user ports it, in the README's own form (ptf.run at module level, no
-absl app.run): tf.compat.v1.layers, an exponential-decay learning rate on the global step, a
+absl app.run), starting as TF1 scripts do with disable_eager_execution() (TUTORIAL_DISABLE names
+another of tf.compat.v1's switches, disable_v2_behavior): tf.compat.v1.layers, an exponential-decay learning rate on the global step, a
 one-shot tf.data pipeline inside model_fn, an accuracy metric. Rank 0 prints what it got."""
 import json
 import os
@@ -10,6 +11,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import parallax_tf as ptf  # noqa: E402
 import tensorflow as tf  # noqa: E402
+getattr(tf.compat.v1, os.environ.get("TUTORIAL_DISABLE", "disable_eager_execution"))()
 
 BATCH = 64
 
