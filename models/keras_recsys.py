@@ -11,13 +11,9 @@ and the dense features through a 64-32 MLP; wide part: one weight per user and i
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import parallax_tf as ptf  # before TF (keeps its import-time logs quiet); registers --np, --strategy, ...
 from absl import app, flags
-
-from models import _RANK_ENV
 
 flags.DEFINE_integer("krec_rows", 20000, "Examples generated (the last 10% validate).")
 flags.DEFINE_integer("krec_batch", 256, "Global batch (Keras' batch_size: all ranks together).")
@@ -65,15 +61,11 @@ def make_data(rows: int, users: int = 50000, items: int = 5000, seed: int = 0):
     return x, y
 
 
-def rank() -> int:
-    return next((int(os.environ[k]) for k in _RANK_ENV if k in os.environ), 0)
-
-
 def main(argv):
     x, y = make_data(FLAGS.krec_rows, FLAGS.krec_users, FLAGS.krec_items, FLAGS.krec_seed)
     model = build_model(FLAGS.krec_users, FLAGS.krec_items, FLAGS.krec_seed)
     history = ptf.fit(model, x, y, batch_size=FLAGS.krec_batch, epochs=FLAGS.krec_epochs, validation_split=0.1)
-    if history.history and rank() == 0:
+    if history.history and ptf.rank() == 0:
         print(f"keras_recsys: val_auc {history.history['val_auc'][-1]:.4f}", flush=True)
 
 

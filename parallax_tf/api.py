@@ -266,9 +266,7 @@ def _owners(plan, keys) -> dict:
 
 def _newest(stores) -> Optional[str]:
     """The newest checkpoint of several stores (a disk checkpoint, an in-memory commit), by step."""
-    paths = [s.latest() for s in stores if s is not None]
-    paths = [p for p in paths if p]
-    return max(paths, key=lambda p: int(os.path.basename(os.path.dirname(p)).split("-")[-1]), default=None)
+    return CheckpointStore.newest(stores)
 
 
 def _start_values(stores, captured, state_io):

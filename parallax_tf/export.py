@@ -17,11 +17,12 @@ import inspect
 import os
 import shutil
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
 from parallax_tf import dynamic, graph_walk
+from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ConfigError, ModelError, UserError
 from parallax_tf.inspect_graph import logical_name
@@ -31,6 +32,18 @@ from parallax_tf.training_graph import call_model_fn
 
 USAGE = ("usage: python -m parallax_tf export --model module:name --ckpt_dir DIR --export_dir DIR "
          "[the model module's flags]")
+HELP = f"""{USAGE}
+
+Writes a SavedModel of the model's predictions with the latest checkpoint of --ckpt_dir
+(docs/serving.md). Each of the three takes its value after a space or after '='.
+  --model module:name  a model_fn, or a function of no arguments that returns one (or a
+                       (model_fn, input_fn) pair, as the reference models' from_flags)
+  --ckpt_dir DIR       the directory a run wrote with --ckpt_dir, or one checkpoint's path
+                       (DIR/step-N/model)
+  --export_dir DIR     where the SavedModel goes: a new or empty directory (TF Serving reads
+                       base/1, base/2, ...)
+Every other argument is the model module's own flag (its sizes), as it was trained with."""
+_OWN_FLAGS = ("model", "ckpt_dir", "export_dir")
 
 
 def export_saved_model(model_fn: Callable, ckpt_dir: str, export_dir: str) -> str:
@@ -78,7 +91,7 @@ def export_saved_model(model_fn: Callable, ckpt_dir: str, export_dir: str) -> st
 
 def _checkpoint_path(ckpt_dir: str) -> str:
     """The latest checkpoint in ckpt_dir, or ckpt_dir itself when it names one."""
-    latest = tf.train.latest_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    latest = CheckpointStore(ckpt_dir).latest() if os.path.isdir(ckpt_dir) else None
     if latest:
         return latest
     if tf.io.gfile.exists(ckpt_dir + ".index"):
@@ -171,18 +184,35 @@ def _takes_argument(function: Callable) -> bool:
         return False
 
 
+def _own_and_model_flags(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Export's own flags (`--name value` or `--name=value`) by name, and the rest: the model
+    module's flags."""
+    given, rest = {}, []
+    arguments = iter(argv)
+    for arg in arguments:
+        key, equals, value = arg.partition("=")
+        name = key[2:] if key.startswith("--") else None
+        if name not in _OWN_FLAGS:
+            rest.append(arg)
+            continue
+        if not equals:
+            value = next(arguments, "")
+        if not value or (not equals and value.startswith("-")):
+            raise ConfigError(f"--{name} is given without a value; {USAGE}")
+        given[name] = value
+    return given, rest
+
+
 def main(argv: List[str]) -> int:
     """`python -m parallax_tf export ...`: 0, or 2 with one line naming the mistake."""
     from absl import flags
-    given, rest = {}, ["parallax_tf export"]
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key in ("--model", "--ckpt_dir", "--export_dir") and value:
-            given[key[2:]] = value
-        else:
-            rest.append(arg)
-    absent = [k for k in ("model", "ckpt_dir", "export_dir") if k not in given]
+    if any(arg in ("--help", "-h") for arg in argv):
+        print(HELP)
+        return 0
     try:
+        given, rest = _own_and_model_flags(argv)
+        rest = ["parallax_tf export"] + rest
+        absent = [k for k in _OWN_FLAGS if k not in given]
         if absent:
             raise ConfigError(f"--{absent[0]} is missing; {USAGE}")
         model_fn = resolve_model_fn(given["model"])

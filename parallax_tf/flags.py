@@ -6,15 +6,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import sysconfig
 from typing import Optional
 
-from absl import flags
+from absl import app, flags
 
 from parallax_tf import strategy as strategy_lib
 from parallax_tf import devices
 from parallax_tf import threads as pool_threads
 from parallax_tf.errors import ConfigError
+from parallax_tf.runtime.script_args import toolkit_argv, users_program
+from parallax_tf.runtime.launch import help_asked
 from parallax_tf.strategy import option
 
 FLAGS = flags.FLAGS
@@ -67,7 +68,8 @@ class TrainingOptions:
         "in turn (rank r of N takes batches r, r+N, ...: the job's global batch is the single-device script's "
         "next N batches); one the script splits by rank itself is read as built (the plan's `input` lines say "
         "which); --noshard_input: every rank reads every pipeline whole.")
-    seed: int = option(0, "seed", "Graph-level random seed, the same on every rank.")
+    seed: int = option(0, "seed", "Graph-level random seed (tf.compat.v1.set_random_seed) every rank builds model_fn "
+                       "under; a single-device script compared with the run sets the same before building.")
     timeout_s: int = option(120, "timeout_s", "Longest any cross-rank wait may take before the run fails.")
 
 
@@ -205,21 +207,38 @@ def parse_command_line(argv) -> list:
     """Parses `argv` into FLAGS and returns what is left (absl's contract for app.run's
     flags_parser). A misspelled or unknown flag, or a bad value, is a ConfigError: one line and
     status 2 on the command line. Arguments of a program that is not the user's own script (pytest,
-    a notebook kernel) are not the job's flags: there only the flags absl knows are read."""
+    a notebook kernel) are not the job's flags: there only the flags absl knows are read.
+    `--help` (`-h`, `--helpshort`) and `--helpfull` print the flags and end the program with
+    status 0, with or without absl's app.run (whose own help flags end with status 1)."""
+    argv = toolkit_argv(argv)
+    if users_program():
+        asked = help_asked(argv)
+        if asked:
+            print_help(full=asked == "full")
+            raise SystemExit(0)
+        app.define_help_flags()      # so that --nohelp, --help=false parse as under app.run
     try:
-        return FLAGS(argv, known_only=not _users_program())
+        return FLAGS(argv, known_only=not users_program())
     except flags.Error as err:
         raise ConfigError(f"{err}; `--helpfull` lists the flags (your own arguments go after `--`)") from None
 
 
-def _users_program() -> bool:
-    """Whether the running program is a script or module of the user's (not an installed tool's)."""
+def print_help(full: bool) -> None:
+    """absl's usage text on stdout: the program's docstring, then its flags. Short: the
+    program's own flags, parallax_tf's and the strategies'; full: every module's."""
     main = sys.modules.get("__main__")
-    path = os.path.abspath(getattr(main, "__file__", "") or "")
-    if sys.flags.interactive or not path.endswith(".py"):
-        return False
-    installed = {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib", "scripts")}
-    return not any(path.startswith(os.path.join(folder, "")) for folder in installed)
+    doc = getattr(main, "__doc__", None) or f"\nUSAGE: {sys.argv[0]} [flags]\n"
+    if full:
+        listed = FLAGS.get_help()
+    else:
+        ours = ["np", "strategy", *strategy_lib.option_flags()]
+        modules = dict.fromkeys(FLAGS.find_module_defining_flag(name) for name in ours if name in FLAGS)
+        listed = "\n".join([FLAGS.main_module_help()] + [FLAGS.module_help(m) for m in modules if m])
+    text = doc.rstrip("\n") + "\n\nflags:" + listed + ("" if full else "\n\nTry --helpfull to get a list of all flags.")
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:         # `--helpfull | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def resolve(**overrides) -> Options:

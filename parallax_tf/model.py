@@ -75,6 +75,8 @@ class Result:
     # the loss per step as the progress line shows it: the mean over ranks (ps_plus: this rank's)
     mean_losses: List[float] = dataclasses.field(default_factory=list)
     plan_only: bool = False            # run(plan_only=True): only `plan` is filled in; nothing trained
+    rank: int = 0                      # this process's rank in the job that trained (ptf.rank())
+    size: int = 1                      # the job's number of ranks (ptf.size())
 
 
 def check_metrics(metrics) -> None:

@@ -1,8 +1,11 @@
 """What one rank's training passes between the steps of parallax_tf.api's run (its rewritten
-graph, its session and hooks, what the steps returned) and the Result made from them."""
+graph, its session and hooks, what the steps returned) and the Result made from them; and
+which rank of which job this process is (`ptf.rank()`, `ptf.size()`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Callable, Optional
 
 import numpy as np
@@ -13,6 +16,32 @@ from parallax_tf.model import Result
 from parallax_tf.runtime.hooks import Checkpointer, StepTracer
 from parallax_tf.runtime.watchdog import Watchdog
 from parallax_tf.values import StateIO
+
+
+# what each launcher tells a rank: horovodrun and parallax_tf's launcher, Open MPI's mpirun, MPICH
+LAUNCHER_ENV = (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                ("PMI_RANK", "PMI_SIZE"))
+
+
+def rank() -> int:
+    """This process's rank in the job: Horovod's, once run or fit has started the job here;
+    before that the launcher's (its environment); 0 in a process no launcher started."""
+    return _rank_and_size()[0]
+
+
+def size() -> int:
+    """The job's number of ranks, as `rank()` finds it (1 in a process no launcher started)."""
+    return _rank_and_size()[1]
+
+
+def _rank_and_size():
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None and hvd.is_initialized():
+        return hvd.rank(), hvd.size()
+    for rank_name, size_name in LAUNCHER_ENV:
+        if os.environ.get(rank_name, "").isdigit() and os.environ.get(size_name, "").isdigit():
+            return int(os.environ[rank_name]), int(os.environ[size_name])
+    return 0, 1
 
 
 @dataclasses.dataclass
@@ -83,4 +112,4 @@ def result(plan, topo, phases: dict, built: RankGraph, ran: RankSession, trained
                   lower_bound_bytes_per_step=float(np.mean(stats.lower_bound)) if stats.lower_bound else 0.0,
                   checkpoint=ran.checkpointer.last_path if ran.checkpointer else None, extras=stats.extras,
                   histograms=trained.histograms, lost_ranks=sorted(set(range(topo.size)) - ran.alive()),
-                  metrics=stats.metrics, mean_losses=stats.losses)
+                  metrics=stats.metrics, mean_losses=stats.losses, rank=topo.rank, size=topo.size)

@@ -320,12 +320,22 @@ def _layer_updates(layer) -> list:
 
 
 def _check_gradients_are_recorded(training: Training) -> None:
+    """Every applied gradient derives from a recorded gradient call; the message names the
+    variable and the gradient as the user passed them to apply_gradients."""
     raw = training.raw_gradients()
     for name, (grad, var, a) in training.applied().items():
         if name not in raw:
-            raise ModelError(f"the gradient {a.op.name!r} applies to {name!r} does not come from tf.gradients or "
-                             "optimizer.compute_gradients of a loss; parallax_tf must know the raw gradient to "
-                             "average it across ranks. Compute gradients with opt.compute_gradients(loss)")
+            if isinstance(grad, tf.Variable):
+                given = f"the variable {grad.op.name!r}"
+            elif isinstance(grad, tf.IndexedSlices):
+                given = f"IndexedSlices of {grad.values.name!r}"
+            else:
+                given = f"tensor {grad.name!r}" if isinstance(grad, tf.Tensor) else repr(grad)
+            raise ModelError(f"variable {name!r} is updated by {describe_optimizer(a.optimizer)}.apply_gradients "
+                             f"from {given}, which does not come from tf.gradients or optimizer.compute_gradients "
+                             "of a loss; parallax_tf must know the raw gradient to average it across ranks. Compute "
+                             "it with opt.compute_gradients(loss) or tf.gradients(loss, variables) (a transform "
+                             "such as clipping may follow)")
 
 
 def _as_operation(op) -> tf.Operation:

@@ -124,6 +124,20 @@ def test_keras3_model_names_tf_keras_as_the_fix():
         _run_plan_only(model_fn, lambda ctx: {"x": np.ones([2, 4], np.float32)})
 
 
+@pytest.mark.parametrize("given", ["model", "function"])
+def test_a_keras3_model_given_to_fit_is_refused_in_one_line(given):
+    import keras
+
+    def make():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        return model
+    with pytest.raises(ptf.ModelError, match=r"^ptf.fit got a Keras 3 model \(keras\.src\..*Sequential; .* build it "
+                                              r"with `import tf_keras`"):
+        ptf.fit(make() if given == "model" else make, np.ones([4, 4], np.float32), np.ones([4, 1], np.float32),
+                plan_only=True)
+
+
 def test_transform_that_cannot_be_distributed_names_the_op():
     proc = launch.run_ranks(1, ["tests/jobs/bad_input_job.py", "--case=sign_of_sparse_gradient", "--steps=2"],
                             launcher="python", timeout=180)
@@ -220,6 +234,35 @@ def test_a_legacy_keras_optimizer_is_taken():
     result = _run_plan_only(_dense_model(lambda: tf_keras.optimizers.legacy.Adam(0.1)),
                             lambda ctx: {"x": np.ones([2, 2], np.float32)})
     assert [v.name for v in result.plan.variables] == ["w"]
+
+
+def _hand_made_gradient_model(optimizer, gradient):
+    """w trained by `optimizer` from `gradient(x, w)`, a gradient not taken by tf.gradients."""
+    def model_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        w = tf.compat.v1.get_variable("w", [1])
+        loss = tf.reduce_mean(tf.square(x * w - 1.0))
+        return ptf.Model(loss=loss, train_op=optimizer().apply_gradients([(gradient(x, w), w)]))
+    return model_fn
+
+
+@pytest.mark.parametrize("optimizer, gradient, says", [
+    ("tf_keras legacy SGD", lambda x, w: tf.reduce_mean(2.0 * (x * w - 1.0) * x, keepdims=True, name="by_hand"),
+     "tensor 'by_hand:0'"),
+    ("tf.compat.v1.train GradientDescentOptimizer",
+     lambda x, w: tf.compat.v1.get_variable("g", [1], trainable=False), "the variable 'g'"),
+], ids=["keras_by_hand", "v1_variable"])
+def test_a_gradient_not_from_tf_gradients_is_named_as_the_user_built_it(optimizer, gradient, says):
+    import tf_keras
+    make = {"tf_keras legacy SGD": lambda: tf_keras.optimizers.legacy.SGD(0.1),
+            "tf.compat.v1.train GradientDescentOptimizer": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)}
+    with pytest.raises(ptf.ModelError) as raised:
+        _run_plan_only(_hand_made_gradient_model(make[optimizer], gradient), lambda ctx: {"x": np.ones(2, np.float32)})
+    assert str(raised.value) == (
+        f"variable 'w' is updated by {optimizer}.apply_gradients from {says}, which does not come from tf.gradients "
+        "or optimizer.compute_gradients of a loss; parallax_tf must know the raw gradient to average it across "
+        "ranks. Compute it with opt.compute_gradients(loss) or tf.gradients(loss, variables) (a transform such as "
+        "clipping may follow)")
 
 
 def _iterator_model(make_iterator):

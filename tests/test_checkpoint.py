@@ -1,19 +1,27 @@
-"""Checkpoints: plain-TF restore under single-device names, exact resume, another rank count.
+"""Checkpoints: plain-TF restore under single-device names, exact resume, another rank count,
+a moved or copied checkpoint directory.
 
 The tests' runs share three jobs (tests/jobs/train_case.py --runs): the first runs on 2 ranks,
-the resumes on 2 ranks, the resumes on 3; each run has its own --out and --ckpt_dir."""
+the resumes on 2 ranks, the resumes on 3; each run has its own --out and --ckpt_dir (a
+relocated run's resume: its first run's directory moved or copied, between the jobs)."""
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from parallax_tf import api
+from parallax_tf.checkpoint import CheckpointStore
+from parallax_tf.errors import ConfigError
 from tests import cases, launch, reference
 
 RESUMED = ("hybrid", "ps", "allreduce")
+# runs whose resume trains in their first run's checkpoint directory moved or copied elsewhere (_relocate)
+RELOCATED = ("moved", "copied")
 SAVER_CASES = ("partitioned", "auto_mod", "mixed_adam")
 # name -> (ranks, case, flags of its first run, of its resume or None); a resume's job runs after
 # every first run's
@@ -28,6 +36,7 @@ RUNS = {
                   ["--strategy=collective", "--steps=6"]),
     **{f"saver_{case}": (None, case, ["--steps=3", "--partitions=4"], None) for case in SAVER_CASES},
     "init_iter": (2, "init_iter", ["--steps=3", "--ckpt_every=3"], ["--steps=5"]),
+    **{name: (2, "mixed_adam", ["--steps=3", "--ckpt_every=3"], ["--steps=6"]) for name in RELOCATED},
 }
 
 
@@ -37,9 +46,15 @@ def _dirs(name):
     return tempfile.mkdtemp(prefix=f"ptf-{name}-out-"), tempfile.mkdtemp(prefix=f"ptf-{name}-ckpt-")
 
 
-def _job(size, runs):
-    given = [{"flags": [f"--case={case}", f"--out={_dirs(name)[0]}", f"--ckpt_dir={_dirs(name)[1]}", "--log_every=0",
-                        *flags]} for name, case, flags in runs]
+def _resume_dir(name):
+    """Where the run `name` resumes: its own --ckpt_dir, or the relocated copy of it."""
+    return _dirs(name)[1] + f"-{name}" if name in RELOCATED else _dirs(name)[1]
+
+
+def _job(size, runs, resumes=False):
+    given = [{"flags": [f"--case={case}", f"--out={_dirs(name)[0]}",
+                        f"--ckpt_dir={_resume_dir(name) if resumes else _dirs(name)[1]}", "--log_every=0", *flags]}
+             for name, case, flags in runs]
     proc = launch.run_ranks(size, ["tests/jobs/train_case.py", f"--runs={json.dumps(given)}"])
     assert proc.returncode == 0, launch.tail(proc)
 
@@ -52,11 +67,35 @@ def _first_runs():
     return {name: (_ranks(name, RUNS[name][1], 2), sorted(os.listdir(_dirs(name)[1]))) for name in RUNS}
 
 
+def _old_form_index(directory, pointing_into):
+    """A `checkpoint` index naming its checkpoints by absolute path (the form earlier versions
+    wrote), here into another directory."""
+    path = os.path.join(pointing_into, "step-3", "model")
+    with open(os.path.join(directory, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{path}"\nall_model_checkpoint_paths: "{path}"\n')
+
+
+@functools.lru_cache(maxsize=None)
+def _relocate():
+    """`moved`: its first run's directory renamed. `copied`: copied, the copy's index naming the
+    original's step-3 by absolute path, and the original's step-3 then rewritten with other values
+    (the model's variables plus 1): a resume that read it would not match the uninterrupted run."""
+    _first_runs()
+    os.rename(_dirs("moved")[1], _resume_dir("moved"))
+    original = _dirs("copied")[1]
+    shutil.copytree(original, _resume_dir("copied"))
+    _old_form_index(_resume_dir("copied"), original)
+    values, _ = CheckpointStore.load(os.path.join(original, "step-3", "model"))
+    CheckpointStore(original).save({k: v + 1 if k in ("emb", "w", "b") else v for k, v in values.items()}, 3)
+
+
 @functools.lru_cache(maxsize=None)
 def _resumes(size):
     """Every resume on `size` ranks, after the first runs."""
     _first_runs()
-    _job(size, [(name, case, resume) for name, (ranks, case, _, resume) in RUNS.items() if ranks == size])
+    _relocate()
+    _job(size, [(name, case, resume) for name, (ranks, case, _, resume) in RUNS.items() if ranks == size],
+         resumes=True)
     return {name: _ranks(name, RUNS[name][1], size) for name, (ranks, *_) in RUNS.items() if ranks == size}
 
 
@@ -177,3 +216,100 @@ def test_an_initializable_iterator_continues_where_the_resumed_run_stopped():
     second = _resumed("init_iter")
     assert [int(r["start_step"]) for r in second] == [3, 3] and int(second[0]["global_step"]) == 5
     _assert_close(second[0], reference.train_single_device("init_iter", "sgd", 2), 1e-5, "init_iter resumed")
+
+
+def _index(directory):
+    with open(os.path.join(directory, "checkpoint")) as f:
+        return f.read()
+
+
+def test_a_moved_checkpoint_directory_resumes_from_its_own_latest_step():
+    """`mv ckpt ckpt2`, then a run with --ckpt_dir ckpt2: it resumes at the moved directory's
+    step 3 and ends as the uninterrupted run, leaving nothing where the directory was."""
+    moved = _resume_dir("moved")
+    second = _resumed("moved")
+    assert [int(r["start_step"]) for r in second] == [3, 3] and [int(r["global_step"]) for r in second] == [6, 6]
+    _assert_close(second[0], reference.train_single_device("mixed", "adam", 2, steps=6), 1e-4, "moved")
+    assert str(second[0]["checkpoint"]) == os.path.join(moved, "step-6", "model")
+    assert not os.path.exists(_dirs("moved")[1])
+    assert sorted(os.listdir(moved)) == ["checkpoint", "step-3", "step-6"]
+    # the index names its checkpoints relative to the directory: plain TF finds them after a move too
+    assert _index(moved) == ('model_checkpoint_path: "step-6/model"\n'
+                             'all_model_checkpoint_paths: "step-3/model"\nall_model_checkpoint_paths: "step-6/model"\n')
+    assert tf.train.latest_checkpoint(moved) == os.path.join(moved, "step-6", "model")
+
+
+def test_a_copy_resumes_from_its_own_checkpoint_while_the_original_exists():
+    """The copy's index is the old absolute form, naming the original's step 3 (which holds other
+    values by now): the resume reads the copy's step 3, and writes only into the copy."""
+    copy, original = _resume_dir("copied"), _dirs("copied")[1]
+    second = _resumed("copied")
+    assert [int(r["start_step"]) for r in second] == [3, 3] and int(second[0]["global_step"]) == 6
+    _assert_close(second[0], reference.train_single_device("mixed", "adam", 2, steps=6), 1e-4, "copied")
+    assert sorted(os.listdir(copy)) == ["checkpoint", "step-3", "step-6"]
+    assert sorted(os.listdir(original)) == ["checkpoint", "step-3"]
+    assert original not in _index(copy) and 'model_checkpoint_path: "step-6/model"' in _index(copy)
+
+
+def _saved(directory, steps, keep=3):
+    store = CheckpointStore(directory, keep)
+    for step in steps:
+        store.save({"w": np.full([2], float(step), np.float32), "global_step": np.int64(step)}, step)
+    return store
+
+
+def test_an_old_form_index_is_never_followed_out_of_its_directory(tmp_path):
+    """Absolute paths in the index, naming a directory that is gone or one that holds a newer
+    step: the store's own newest step-N directory is the checkpoint."""
+    own = str(tmp_path / "own")
+    _saved(own, [2, 3])
+    _old_form_index(own, str(tmp_path / "gone"))
+    assert CheckpointStore(own).latest() == os.path.join(own, "step-3", "model")
+    elsewhere = str(tmp_path / "elsewhere")
+    _saved(elsewhere, [3, 9])
+    with open(os.path.join(own, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{os.path.join(elsewhere, "step-9", "model")}"\n')
+    assert api._newest([CheckpointStore(own), None]) == os.path.join(own, "step-3", "model")
+    _saved(own, [4])              # the next save writes the index relative again
+    assert _index(own).startswith('model_checkpoint_path: "step-4/model"\n')
+
+
+def test_a_newer_step_without_a_complete_checkpoint_is_refused_not_passed_over(tmp_path):
+    """step-5 lost its files (a copy cut short): resuming from step 3 would later overwrite it,
+    so the run stops at the start and says which directory to delete."""
+    directory = str(tmp_path / "ckpt")
+    _saved(directory, [3, 5])
+    os.remove(os.path.join(directory, "step-5", "model.index"))
+    with pytest.raises(ConfigError) as error:
+        api._start_values([CheckpointStore(directory)], None, None)
+    assert str(error.value) == (f"checkpoint directory {directory}: step-5 holds no complete checkpoint (model.index "
+                                f"is missing); delete {directory}/step-5 to go on from step-3")
+    os.remove(os.path.join(directory, "step-3", "model.index"))
+    shutil.rmtree(os.path.join(directory, "step-5"))
+    with pytest.raises(ConfigError, match=r"step-3 holds no complete checkpoint .*; delete .*/step-3 to start afresh$"):
+        CheckpointStore(directory).latest()
+
+
+def test_a_checkpoint_older_than_one_in_the_directory_is_not_written(tmp_path):
+    """Another run wrote step 5 into the directory: this run's step 4 would be pruned as the
+    oldest and step 5 kept, so saving it stops with one line and leaves the directory as it was."""
+    directory = str(tmp_path / "ckpt")
+    store = _saved(directory, [3, 5])
+    with pytest.raises(ConfigError) as error:
+        store.save({"w": np.zeros([2], np.float32), "global_step": np.int64(4)}, 4)
+    assert str(error.value) == (f"checkpoint directory {directory} holds step-5, newer than step 4 this run is saving: "
+                                "another run writes into it; give each run its own --ckpt_dir")
+    assert sorted(os.listdir(directory)) == ["checkpoint", "step-3", "step-5"]
+    assert tf.train.load_variable(store.latest(), "global_step") == 5
+    store.save({"w": np.zeros([2], np.float32), "global_step": np.int64(5)}, 5)     # the same step: replaced
+    assert tf.train.load_variable(store.latest(), "w").tolist() == [0.0, 0.0]
+
+
+def test_an_unreadable_checkpoint_says_which_and_what_to_delete(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    _saved(directory, [3])
+    data = [f for f in os.listdir(os.path.join(directory, "step-3")) if f.startswith("model.data")]
+    os.remove(os.path.join(directory, "step-3", data[0]))
+    with pytest.raises(ConfigError, match=rf"^checkpoint {directory}/step-3/model cannot be read \(.+\); delete "
+                                          rf"{directory}/step-3 to go on from the checkpoint before it$"):
+        CheckpointStore.load(CheckpointStore(directory).latest())

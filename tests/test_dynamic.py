@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import parallax_tf as ptf
 from parallax_tf import dynamic
+from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.errors import ConfigError, ModelError
 from tests import dynamic_models
@@ -173,7 +174,9 @@ def test_the_feature_column_embeds_as_input_layer_does_with_its_other_columns():
     assert not np.allclose(want[0], want[1])
 
 
-@pytest.mark.parametrize("initializer", [dynamic.uniform(), dynamic.normal(0.3)], ids=["uniform", "normal"])
+@pytest.mark.parametrize("initializer", [dynamic.uniform(), dynamic.normal(0.3), initializers.gaussian(0.0, 0.3, True),
+                                         initializers.gaussian(1.0, 0.3, False), initializers.uniform_range(-1, 2)],
+                         ids=["uniform", "normal", "truncated_gaussian", "gaussian", "uniform_range"])
 def test_the_compiled_initial_rows_equal_the_served_standard_ops(initializer):
     with tf.Graph().as_default():
         ids = tf.constant([0, 1, -1, 2 ** 62 + 7, -2 ** 63, 2 ** 63 - 1, 123456789], tf.int64)
@@ -203,6 +206,95 @@ def test_ids_from_a_huge_range_train_in_bounded_memory():
                 sess.run(train, {ids: batch})
                 sizes.append(sess.run([rows, tracked]))
     assert max(r for r, _ in sizes) == 64 and max(t for _, t in sizes) == 64    # 96 new ids a step, 64 kept
+
+
+def _initial_rows(initializer, dim=16, ids=20000, **table_options):
+    """The rows a table with `initializer` gives ids 0..ids-1 on first use."""
+    with tf.Graph().as_default():
+        table = dynamic.DynamicEmbedding("emb", dim, initializer=initializer, **table_options)
+        with tf.compat.v1.Session() as sess:
+            return sess.run(table.shards[0].initial_rows(tf.range(ids, dtype=tf.int64)))
+
+
+_FAN = 16     # the tables' dim: a row's fan for Glorot and He
+_TRUNC = 0.87962566103423978     # std of a standard normal truncated at +-2
+# name -> (initializer, exact value) or (initializer, [low, high), mean, std)
+_TF_INITIALIZERS = {
+    "tf.zeros_initializer": (lambda: tf.zeros_initializer(), 0.0),
+    "tf.zeros_initializer class": (lambda: tf.zeros_initializer, 0.0),
+    "tf.keras Zeros": (lambda: tf.keras.initializers.Zeros(), 0.0),
+    "keras Ones": (lambda: __import__("keras").initializers.Ones(), 1.0),
+    "tf.ones_initializer": (lambda: tf.ones_initializer(), 1.0),
+    "tf.constant_initializer": (lambda: tf.constant_initializer(0.25), 0.25),
+    "v1 constant_initializer": (lambda: tf.compat.v1.constant_initializer(-1.5), -1.5),
+    "tf.keras Constant": (lambda: tf.keras.initializers.Constant(3.0), 3.0),
+    "tf.random_uniform_initializer": (lambda: tf.random_uniform_initializer(-0.2, 0.6), (-0.2, 0.6), 0.2,
+                                      0.8 / np.sqrt(12)),
+    "v1 random_uniform_initializer": (lambda: tf.compat.v1.random_uniform_initializer(), (0.0, 1.0), 0.5,
+                                      1 / np.sqrt(12)),
+    "keras RandomUniform": (lambda: __import__("keras").initializers.RandomUniform(), (-0.05, 0.05), 0.0,
+                            0.1 / np.sqrt(12)),
+    "tf.random_normal_initializer": (lambda: tf.random_normal_initializer(0.5, 0.3), (-np.inf, np.inf), 0.5, 0.3),
+    "tf.keras RandomNormal": (lambda: tf.keras.initializers.RandomNormal(stddev=2.0), (-np.inf, np.inf), 0.0, 2.0),
+    "tf.keras TruncatedNormal": (lambda: tf.keras.initializers.TruncatedNormal(stddev=0.3), (-0.6, 0.6), 0.0,
+                                 0.3 * _TRUNC),
+    "v1 truncated_normal_initializer": (lambda: tf.compat.v1.truncated_normal_initializer(1.0, 0.1), (0.8, 1.2),
+                                        1.0, 0.1 * _TRUNC),
+    "tf.keras GlorotUniform": (lambda: tf.keras.initializers.GlorotUniform(), (-np.sqrt(6 / (2 * _FAN)),
+                               np.sqrt(6 / (2 * _FAN))), 0.0, np.sqrt(2 / (2 * _FAN))),
+    "tf.initializers GlorotUniform": (lambda: tf.initializers.GlorotUniform(), (-np.sqrt(6 / (2 * _FAN)),
+                                      np.sqrt(6 / (2 * _FAN))), 0.0, np.sqrt(2 / (2 * _FAN))),
+    "v1 glorot_uniform_initializer": (lambda: tf.compat.v1.glorot_uniform_initializer(),
+                                      (-np.sqrt(6 / (2 * _FAN)), np.sqrt(6 / (2 * _FAN))), 0.0, np.sqrt(1 / _FAN)),
+    "keras GlorotNormal": (lambda: __import__("keras").initializers.GlorotNormal(),
+                           (-2 * np.sqrt(1 / _FAN) / _TRUNC, 2 * np.sqrt(1 / _FAN) / _TRUNC), 0.0, np.sqrt(1 / _FAN)),
+    "tf.keras HeUniform": (lambda: tf.keras.initializers.HeUniform(), (-np.sqrt(6 / _FAN), np.sqrt(6 / _FAN)),
+                           0.0, np.sqrt(2 / _FAN)),
+    "tf.keras HeNormal": (lambda: tf.keras.initializers.HeNormal(), (-2 * np.sqrt(2 / _FAN) / _TRUNC,
+                          2 * np.sqrt(2 / _FAN) / _TRUNC), 0.0, np.sqrt(2 / _FAN)),
+    "keras VarianceScaling untruncated": (
+        lambda: __import__("keras").initializers.VarianceScaling(0.5, distribution="untruncated_normal"),
+        (-np.inf, np.inf), 0.0, np.sqrt(0.5 / _FAN)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TF_INITIALIZERS))
+def test_tf_and_keras_initializers_give_rows_of_their_law(name):
+    make, *law = _TF_INITIALIZERS[name]
+    rows = _initial_rows(make(), dim=_FAN)
+    if len(law) == 1:
+        np.testing.assert_array_equal(rows, np.full_like(rows, law[0]))
+        return
+    (low, high), mean, std = law
+    assert low <= rows.min() and rows.max() < high
+    assert abs(rows.mean() - mean) < 0.01 * std and abs(rows.std() - std) < 0.01 * std, (rows.mean(), rows.std())
+    if np.isfinite(high):                 # the whole range is used, not a narrower one
+        assert rows.max() > high - 0.02 * (high - low) and rows.min() < low + 0.02 * (high - low)
+    else:                                 # not truncated: beyond 2 stddev as often as a normal is (4.55%)
+        assert abs(np.mean(np.abs(rows - mean) > 2 * std) - 0.0455) < 0.003
+
+
+def test_an_initializers_seed_is_the_tables_seed():
+    glorot = tf.keras.initializers.GlorotUniform
+    seeded = _initial_rows(glorot(seed=7), ids=50)
+    np.testing.assert_array_equal(seeded, _initial_rows(glorot(), ids=50, seed=7))
+    np.testing.assert_array_equal(seeded, _initial_rows(glorot(seed=7), ids=50, seed=7))
+    assert not np.allclose(seeded, _initial_rows(glorot(seed=8), ids=50))
+    with tf.Graph().as_default(), pytest.raises(ModelError, match=r"DynamicEmbedding\('emb', seed=3\) and its "
+                                                                  r"initializer's seed=7 differ"):
+        dynamic.DynamicEmbedding("emb", 4, initializer=glorot(seed=7), seed=3)
+
+
+def test_an_initializer_without_a_row_law_gets_one_line_naming_what_is_accepted():
+    with tf.Graph().as_default(), pytest.raises(ModelError) as raised:
+        dynamic.DynamicEmbedding("emb", 4, initializer=tf.keras.initializers.Orthogonal())
+    assert str(raised.value) == (
+        "DynamicEmbedding(initializer=tf_keras.Orthogonal): pass None, a number, a parallax_tf.dynamic initializer "
+        "(uniform(scale), normal(stddev), constant(value)) or a TensorFlow/Keras initializer: zeros, ones, constant "
+        "(a scalar), random uniform, random normal, truncated normal, or variance scaling (Glorot, He, LeCun; "
+        "fan = dim); a row's initial value must depend on its id alone")
+    with tf.Graph().as_default(), pytest.raises(ModelError, match=r"a table takes a scalar constant"):
+        dynamic.DynamicEmbedding("emb", 2, initializer=tf.constant_initializer([1.0, 2.0]))
 
 
 def test_mistakes_get_one_message_each():

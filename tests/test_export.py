@@ -2,11 +2,17 @@
 TensorFlow (no parallax_tf) loads and whose predictions equal single-device TF's from the same
 checkpoint (1e-6)."""
 import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import flags
 
 from parallax_tf import export
 from parallax_tf.checkpoint import CheckpointStore
@@ -165,8 +171,103 @@ def test_where_to_read_and_write_is_checked_first(tmp_path):
             False, "o"), predictions={"score": [1.0]}), ckpt_dir, str(tmp_path / "served"))
 
 
+def _linear(ctx):
+    x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+    w = tf.compat.v1.get_variable("w", [2, 1])
+    return Model(loss=tf.reduce_sum(w), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                 predictions=tf.matmul(x, w))
+
+
+@pytest.mark.parametrize("index", ["relative", "absolute"])
+def test_a_moved_checkpoint_directory_is_exported_from_its_own_checkpoint(tmp_path, index):
+    """`absolute`: an index naming its checkpoint by absolute path (the form earlier versions
+    wrote), where the directory used to be; the directory's own step-7 is exported all the same."""
+    ckpt_dir, _, w = _small_checkpoint(str(tmp_path))
+    moved = str(tmp_path / "moved")
+    os.rename(ckpt_dir, moved)
+    if index == "absolute":
+        old = os.path.join(ckpt_dir, "step-7", "model")
+        with open(os.path.join(moved, "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{old}"\nall_model_checkpoint_paths: "{old}"\n')
+    export.export_saved_model(_linear, moved, str(tmp_path / "served"))
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    np.testing.assert_allclose(served(x=tf.constant(x))["predictions"].numpy(), x @ w, atol=1e-6)
+
+
+def _documented_export_commands():
+    """Every `python -m parallax_tf export` command line README.md and docs/serving.md print."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for page in ("README.md", os.path.join("docs", "serving.md")):
+        with open(os.path.join(root, page), encoding="utf-8") as f:
+            found += [line.strip() for line in f if line.strip().startswith("python -m parallax_tf export ")]
+    return found
+
+
+def test_the_documented_export_commands_export_as_printed(tmp_path, monkeypatch, capsys):
+    """Each command, word for word, in a directory whose `ckpt` holds a checkpoint of the model
+    it names (its initial values, with the model's default flags)."""
+    commands = _documented_export_commands()
+    assert [re.search(r"--model (\S+)", c).group(1) for c in commands] == \
+        ["models.criteo:from_flags", "models.recsys:from_flags"]
+    for number, command in enumerate(commands):
+        argv = shlex.split(command)
+        assert argv[:4] == ["python", "-m", "parallax_tf", "export"]
+        spec, ckpt_dir, export_dir = (argv[argv.index(f"--{name}") + 1] for name in ("model", "ckpt_dir", "export_dir"))
+        (tmp_path / str(number)).mkdir()
+        monkeypatch.chdir(tmp_path / str(number))
+        model_fn = export.resolve_model_fn(spec)
+        flags.FLAGS(["test"])
+        graph = tf.Graph()
+        with graph.as_default():
+            model_fn(RunContext(serving=True))
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                os.makedirs(os.path.join(ckpt_dir, "step-1"))
+                tf.compat.v1.train.Saver().save(sess, os.path.join(ckpt_dir, "step-1", "model"), write_state=False,
+                                                write_meta_graph=False)
+        monkeypatch.setattr(sys, "argv", ["parallax_tf", *argv[3:]])
+        with pytest.raises(SystemExit) as ended:
+            runpy.run_module("parallax_tf", run_name="__main__")
+        assert ended.value.code == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip().splitlines()[-1] == f"exported {export_dir}"
+        served = tf.saved_model.load(export_dir).signatures["serving_default"]
+        assert list(served.structured_outputs) == ["probability"]
+
+
+@pytest.mark.parametrize("form", ["space", "equals"])
+def test_the_command_line_takes_each_flag_after_a_space_or_an_equals_sign(tmp_path, capsys, form):
+    ckpt_dir, _, _ = _small_checkpoint(str(tmp_path))
+    given = {"--model": "tests.test_export:_linear", "--ckpt_dir": ckpt_dir, "--export_dir": str(tmp_path / "out")}
+    argv = [part for flag, value in given.items()
+            for part in ([flag, value] if form == "space" else [f"{flag}={value}"])]
+    assert export.main(argv) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == f"exported {tmp_path / 'out'}\n"
+    assert os.path.exists(tmp_path / "out" / "saved_model.pb")
+
+
+def test_help_prints_the_usage_and_exits_0(capsys):
+    """`python -m parallax_tf --help` (a process of its own), and `-h`, `help`, `export --help`."""
+    proc = subprocess.run([sys.executable, "-m", "parallax_tf", "--help"], capture_output=True, text=True,
+                          cwd=launch.ROOT, env=dict(os.environ, PYTHONPATH=launch.ROOT), timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", launch.tail(proc)
+    both = ("usage: python -m parallax_tf check [--ops_dir=DIR] [--no_ranks]\n"
+            "       python -m parallax_tf export --model module:name --ckpt_dir DIR --export_dir DIR [model flags]\n")
+    assert proc.stdout.startswith(both)
+    for argv, usage in ((["-h"], both), (["help"], both), (["export", "--help"], export.USAGE + "\n"),
+                        (["export", "-h"], export.USAGE + "\n")):
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as ended:
+            patch.setattr(sys, "argv", ["parallax_tf", *argv])
+            runpy.run_module("parallax_tf", run_name="__main__")
+        printed = capsys.readouterr()
+        assert ended.value.code == 0 and printed.out.startswith(usage) and printed.err == "", argv
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--ckpt_dir=d", "--export_dir=e"], "--model is missing; usage: python -m parallax_tf export"),
+    (["--model", "--ckpt_dir=d", "--export_dir=e"], "--model is given without a value; usage: python -m parallax_tf"),
+    (["--ckpt_dir=d", "--export_dir=e", "--model"], "--model is given without a value; usage: python -m parallax_tf"),
     (["--model=no_such_module:fn", "--ckpt_dir=d", "--export_dir=e"], "cannot import no_such_module"),
     (["--model=tests.jobs.recsys_job:nothing", "--ckpt_dir=d", "--export_dir=e"], "recsys_job has no function "
                                                                                    "nothing"),

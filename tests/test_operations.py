@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from parallax_tf.runtime.hooks import Progress, StepStats
@@ -72,12 +73,55 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise():
         stats.add(0.5, {"ps_push": 2048}, examples=8, cluster_moved={"ps_push": 4096, "allreduce": 0})
     term, plain = Terminal(), io.StringIO()
     for stream in (term, plain):
-        progress = Progress(total=4, every=2, ranks=2, stream=stream)
+        ends = iter([10.0, 10.5, 11.0])    # each step ends 0.5 s after the one before
+        progress = Progress(total=4, every=2, ranks=2, stream=stream, clock=lambda: next(ends))
         for step in (1, 2, 3):
             progress.after_step(step, 1.25, stats)
     assert plain.getvalue().splitlines() == [     # per rank, as the plan estimates it
-        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1s bytes/step/rank ps_push=2.0KB"]
+        "step 2/4 loss 1.2500 16 ex/s step 500.0ms eta 1.0s bytes/step/rank ps_push=2.0KB"]
     assert "\r\x1b[2K[#######" in term.getvalue() and "step 3/4 loss 1.2500" in term.getvalue()
+
+
+_SLOW_INPUT_JOB = """
+import time
+import numpy as np
+import parallax_tf as ptf
+import tensorflow as tf
+
+
+def model_fn():
+    x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+    w = tf.compat.v1.get_variable("w", [2, 1])
+    return ptf.Model(loss=tf.reduce_mean(tf.matmul(x, w)), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def slow_input(ctx):
+    time.sleep(0.08)
+    return {"x": np.ones([16, 2], np.float32)}
+
+
+ptf.run(model_fn, slow_input, steps=25, log_every=5)
+"""
+
+
+def test_progress_summary_and_eta_agree_on_a_job_with_slow_input():
+    """examples/s on the progress line covers the whole step the script waits for (here mostly a
+    slow input_fn), as the summary's does, and the ETA follows it."""
+    from tests.test_surface import _run
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "slow_input.py")
+        with open(path, "w") as f:
+            f.write(_SLOW_INPUT_JOB)
+        proc = _run([path])
+    assert proc.returncode == 0, launch.tail(proc)
+    progress = {int(m.group(1)): (float(m.group(2).replace(",", "")), float(m.group(3)))
+                for m in re.finditer(r"^step (\d+)/25 .* ([\d,]+) ex/s step [\d.]+ms eta ([\d.]+)s", proc.stdout, re.M)}
+    summary = float(re.search(r"^done: .* ([\d,.]+) examples/s", proc.stdout, re.M).group(1).replace(",", ""))
+    assert sorted(progress) == [5, 10, 15, 20, 25], proc.stdout
+    assert summary < 16 / 0.08         # the input's sleep bounds what was done
+    for step, (rate, eta) in progress.items():
+        assert rate == pytest.approx(summary, rel=0.1), (step, rate, summary)
+        assert eta == pytest.approx((25 - step) * 16 / summary, rel=0.1, abs=0.05), (step, eta)
 
 
 def test_busy_port_range_is_named():

@@ -1,5 +1,6 @@
 """What a user sees on the command line: a quiet demo with rank 0's lines as they are, one line
 and exit status 2 for an error they caused (the traceback with --verbose), and the self-check."""
+import json
 import os
 import re
 import subprocess
@@ -31,6 +32,9 @@ def test_the_demo_prints_rank_0s_lines_and_nothing_else():
     assert [line.split()[1] for line in lines if line.startswith("step ")] == ["3/6", "6/6"]
     assert sum(line.startswith("done: 6 steps (global step 6)") for line in lines) == 1
     assert proc.stderr == ""
+    # one final loss: the model's own line gives the summary's (the mean over ranks)
+    final = re.search(r"final loss \(mean over ranks\) ([\d.]+)", proc.stdout).group(1)
+    assert re.search(r"^lm: first loss [\d.]+ last loss ([\d.]+)$", proc.stdout, re.M).group(1) == final
 
 
 USER_ERRORS = {
@@ -142,3 +146,148 @@ def test_a_nan_loss_ends_with_one_line_naming_the_step_and_status_3():
         "parallax_tf: error: the loss (mean over ranks) is nan at step 4; training stopped before it could be "
         "checkpointed. Lower the learning rate or check the input, then restart from the last checkpoint"], \
         launch.tail(proc)
+
+
+_RUN_SCRIPT = '''"""Trains w on x: the script's usage line."""
+import numpy as np
+import parallax_tf as ptf
+import tensorflow as tf
+from absl import app, flags
+
+flags.DEFINE_integer("my_width", 3, "The script's own flag.")
+
+
+def model_fn():
+    x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+    w = tf.compat.v1.get_variable("w", [1])
+    return ptf.Model(loss=tf.reduce_mean(x * w), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def main(argv):
+    ptf.run(model_fn, lambda ctx: {"x": np.ones(2, np.float32)}, steps=1, log_every=0)
+    print("trained")
+
+
+'''
+_SCRIPT_ENDINGS = {
+    "run": "main(None)\n",
+    "app.run": "app.run(main)\n",
+    "fit": ("import tf_keras\nmodel = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])\n"
+            "model.compile(tf_keras.optimizers.legacy.SGD(0.1), 'mse')\n"
+            "ptf.fit(model, np.ones((4, 2)), np.ones((4, 1)), batch_size=2, epochs=1)\nprint('trained')\n"),
+}
+
+
+@pytest.mark.parametrize("form, flag", [("run", "--help"), ("app.run", "--help"), ("app.run", "-h"),
+                                        ("fit", "--help"), ("run", "--helpfull"), ("app.run", "--helpfull"),
+                                        ("models.lm", "--help"), ("run", "--np 2 --help")])
+def test_help_lists_the_flags_and_ends_with_status_0(form, flag):
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "train.py")
+        with open(path, "w") as f:
+            f.write(_RUN_SCRIPT + _SCRIPT_ENDINGS.get(form, ""))
+        proc = _run((["-m", "models.lm"] if form == "models.lm" else [path]) + flag.split())
+    assert proc.returncode == 0 and proc.stderr == "", launch.tail(proc)
+    out = proc.stdout
+    assert "trained" not in out
+    own = "  --lm_vocab: Vocabulary size." if form == "models.lm" else "  --my_width: The script's own flag."
+    assert out.startswith("LSTM language model" if form == "models.lm" else "Trains w on x: the script's usage line.")
+    for listed in (own, "\nparallax_tf.flags:\n", "  --np: Ranks to launch", "  --strategy: <hybrid|ps|allreduce|",
+                   "\nparallax_tf.strategy:\n", "  --slim_core: slim_dp: fraction"):
+        assert listed in out, listed
+    if flag == "--helpfull":          # every module's flags, absl's own too
+        assert "\nabsl.logging:\n" in out and "  -v,--verbosity: Logging verbosity level." in out
+        assert "Try --helpfull" not in out
+    else:
+        assert "absl.logging" not in out and out.endswith("\nTry --helpfull to get a list of all flags.\n")
+
+
+_ARGPARSE_SCRIPT = '''import argparse
+import sys
+
+import numpy as np
+import parallax_tf as ptf
+import tensorflow as tf
+from absl import app
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--my_width", type=int, default=1)
+args, _ = parser.parse_known_args()
+
+
+def model_fn():
+    x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+    w = tf.compat.v1.get_variable("w", [args.my_width])
+    return ptf.Model(loss=tf.reduce_mean(x[:, None] * w), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def main(argv):
+    result = ptf.run(model_fn, lambda ctx: {"x": np.ones(2, np.float32)}, steps=1, log_every=0)
+    print(f"rank {result.rank}: my_width {args.my_width} w {result.variables['w'].shape} positional {argv[1:]}")
+
+
+app.run(main) if sys.argv[-1] == "app.run" else main([None])
+'''
+
+
+@pytest.mark.parametrize("form", ["argparse", "app.run"])
+def test_the_scripts_own_arguments_after_the_separator_reach_its_parsers(form):
+    """argparse's parse_known_args reads what follows `--` (it would take it all as positional);
+    absl's app.run still hands main the arguments after `--`."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "train.py")
+        with open(path, "w") as f:
+            f.write(_ARGPARSE_SCRIPT)
+        tail = ["app.run"] if form == "app.run" else []
+        proc = _run([path, "--np", "2", "--strategy", "allreduce", "--", "--my_width", "3", *tail])
+    assert proc.returncode == 0, launch.tail(proc)
+    said = sorted(line for line in proc.stdout.splitlines() if ": my_width" in line)
+    positional = str(["--my_width", "3", *tail] if form == "app.run" else [])
+    assert said == [f"[rank 1] rank 1: my_width 3 w (3,) positional {positional}",
+                    f"rank 0: my_width 3 w (3,) positional {positional}"], proc.stdout
+
+
+_RANK_SCRIPT = '''import json
+import os
+import sys
+
+import numpy as np
+import parallax_tf as ptf
+import tensorflow as tf
+
+before = [ptf.rank(), ptf.size()]
+
+
+def model_fn():
+    x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+    w = tf.compat.v1.get_variable("w", [1])
+    return ptf.Model(loss=tf.reduce_mean(x * w), optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+result = ptf.run(model_fn, lambda ctx: {"x": np.ones(2, np.float32)}, steps=1, log_every=0)
+with open(os.path.join(sys.argv[1], f"rank{result.rank}.json"), "w") as out:
+    json.dump({"before": before, "result": [result.rank, result.size], "after": [ptf.rank(), ptf.size()]}, out)
+'''
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_rank_and_size_say_which_rank_of_the_job_a_process_is(ranks):
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "train.py")
+        with open(path, "w") as f:
+            f.write(_RANK_SCRIPT)
+        proc = _run([path, folder, "--np", str(ranks)])
+        assert proc.returncode == 0, launch.tail(proc)
+        got = {}
+        for rank in range(ranks):
+            with open(os.path.join(folder, f"rank{rank}.json")) as f:
+                got[rank] = json.load(f)
+    assert got == {r: {"before": [r, ranks], "result": [r, ranks], "after": [r, ranks]} for r in range(ranks)}
+
+
+def test_rank_and_size_before_the_job_are_the_launchers():
+    code = "import parallax_tf as ptf\nprint(ptf.rank(), ptf.size())\n"
+    for env, want in (({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, "2 3\n"),
+                      ({"PMI_RANK": "1", "PMI_SIZE": "4"}, "1 4\n"), ({}, "0 1\n")):
+        proc = _run(["-c", code], env)
+        assert proc.returncode == 0 and proc.stdout == want, launch.tail(proc)

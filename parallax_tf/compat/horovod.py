@@ -9,6 +9,8 @@ runtime/remote.py loads this file by its path, without importing parallax_tf."""
 from __future__ import annotations
 
 import importlib
+import os
+import time
 from typing import Callable, List, Tuple
 
 # (module, name, what the launcher uses it for)
@@ -17,7 +19,7 @@ PINNED: List[Tuple[str, str, str]] = [
     ("horovod.runner.gloo_run", "register_shutdown_event", "swapped for our stop event (launch_gloo)"),
     ("horovod.runner.common.util.safe_shell_exec", "execute", "a rank's helper process (execute)"),
     ("horovod.runner.common.util.safe_shell_exec", "terminate_executor_shell_and_children",
-     "made quiet on a shell already gone (quiet_rank_stop)"),
+     "quiet on a shell already gone, patient once the launcher is gone (install_rank_stop)"),
     ("horovod.runner.launch", "_check_all_hosts_ssh_successful", "horovodrun's ssh check (ssh_reaches)"),
     ("horovod.runner.util.network", "filter_local_addresses", "the hosts that are not this one (remote_of)"),
     ("horovod.runner.util.remote", "get_remote_command", "a rank's command over ssh (ssh_command)"),
@@ -94,24 +96,33 @@ def common_interfaces(names: List[str], remote: List[str], port, identity_file, 
     return driver_service.get_common_interfaces(found, names, remote)
 
 
-def quiet_rank_stop() -> None:
-    """In a per-rank helper process (safe_shell_exec's middleman): stopping a rank's shell that
-    ends by itself meanwhile is done, not an error. Horovod 0.28.1's
+def install_rank_stop(launcher_gone_grace_s: float) -> None:
+    """In a per-rank helper process (safe_shell_exec's middleman), how it stops its rank's shell.
+
+    Quiet when the shell ends by itself meanwhile: Horovod 0.28.1's
     terminate_executor_shell_and_children asks psutil for the shell's children after it checked
     that the shell exists; once the helper's main thread has reaped the shell, children() raises
     NoSuchProcess and that thread's traceback reaches the job's stderr (after a NaN's one line,
-    when every rank ends at once)."""
+    when every rank ends at once).
+
+    Patient when the launcher is gone (this helper's parent changed): Horovod would SIGSTOP the
+    rank at once and kill it seconds later, before it could say why. The rank notices by itself
+    (runtime/lifeline.py), says so and exits; the helper, which exits with its shell, stops it
+    only after `launcher_gone_grace_s`."""
     import psutil
     from horovod.runner.common.util import safe_shell_exec
     terminate = safe_shell_exec.terminate_executor_shell_and_children
-    if getattr(terminate, "quiet_when_gone", False):
+    if getattr(terminate, "parallax_rank_stop", False):
         return
+    launcher = os.getppid()
 
-    def terminate_unless_gone(pid):
+    def stop_rank_shell(pid):
+        if os.getppid() != launcher:
+            time.sleep(launcher_gone_grace_s)
         try:
             terminate(pid)
         except psutil.NoSuchProcess:
             pass
-    terminate_unless_gone.quiet_when_gone = True
-    # _exec_middleman reads this module global when its stop thread fires
-    safe_shell_exec.terminate_executor_shell_and_children = terminate_unless_gone
+    stop_rank_shell.parallax_rank_stop = True
+    # _exec_middleman reads this module global when its stop thread or its parent-death thread fires
+    safe_shell_exec.terminate_executor_shell_and_children = stop_rank_shell

@@ -34,6 +34,10 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tf_keras.Model()", "_is_graph_network", "a functional model, not a subclassed one (fit/spec.py)"),
     ("tf_keras.__internal__.optimizers", "convert_to_legacy_optimizer",
      "compile's new optimizer as its legacy twin (fit/spec.py)"),
+    ("tf_keras.src.backend", "get_default_graph_uid_map",
+     "layer-name counters: a model rebuilt by the script's function names its layers as it did eagerly (fit/spec.py)"),
+    ("tf_keras.src.losses", "LossFunctionWrapper",
+     "a loss given to compile as a function, wrapped as compile wraps it (fit/graph.py)"),
     ("tf_keras.optimizers.legacy.Optimizer()", "_slots",
      "a legacy optimizer's copy with state of its own (rewriters/slim_dp)"),
     ("tf_keras.optimizers.legacy.Optimizer()", "_weights", "the same"),
@@ -133,3 +137,25 @@ def classes_on_v2_bases(model) -> None:
     for layer in [model, *model._flatten_layers(include_self=False)]:
         swap_class(type(layer), training.Model, training_v1.Model, use_v2=True)
         swap_class(type(layer), base_layer.Layer, base_layer_v1.Layer, use_v2=True)
+
+
+def loss_function_wrapper(function):
+    """`function(y_true, y_pred)` as the Loss compile makes of it (it matches the target's rank to
+    the prediction's before calling)."""
+    from tf_keras.src.losses import LossFunctionWrapper
+    return LossFunctionWrapper(function)
+
+
+def layer_name_counters() -> dict:
+    """How many objects of each name tf_keras has named in the current default graph (eagerly:
+    the process's), which decides the next layer's name (`dense_4`)."""
+    from tf_keras.src import backend
+    return dict(backend.get_default_graph_uid_map())
+
+
+def continue_layer_names(counters: dict) -> None:
+    """Layers made next in the current default graph are named as they were after `counters`."""
+    from tf_keras.src import backend
+    uids = backend.get_default_graph_uid_map()
+    uids.clear()
+    uids.update(counters)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -72,7 +73,9 @@ def mix_int(value: int) -> int:
 
 
 class RowInitializer(abc.ABC):
-    """A row per id, computed from the id alone: `rows(ids, dim, seed, dtype)`."""
+    """A row per id, computed from the id alone: `rows(ids, dim, seed, dtype)`. `seed`: one the
+    law was given (a TF initializer's), the table's seed when the table is given none."""
+    seed: Optional[int] = None
 
     @abc.abstractmethod
     def rows(self, ids: tf.Tensor, dim: int, seed: int, dtype, standard_ops: bool = False) -> tf.Tensor:
@@ -112,7 +115,8 @@ class constant(RowInitializer):  # noqa: N801
 
 class normal(RowInitializer):  # noqa: N801
     """Normal with `stddev` (None: 1 / sqrt(dim)), by Box-Muller over two hashed uniforms, clipped
-    at 2 standard deviations like TF's truncated normal."""
+    at 2 standard deviations (set to +-2 stddev there, where TF's truncated normal draws again:
+    a TF initializer's laws are in initializers.py)."""
 
     def __init__(self, stddev: float = None):
         self.stddev = stddev

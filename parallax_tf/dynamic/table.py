@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from parallax_tf.dynamic import ids as id_lib
+from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic.rules import rule_for
 from parallax_tf.dynamic.served import ServedRows
 from parallax_tf.dynamic.store import Shard, TableOptions, over_capacity
@@ -90,9 +91,12 @@ class Lookup:
 class DynamicEmbedding:
     """An embedding table whose rows exist for the ids seen, not for a vocabulary.
 
-    - `initializer`: a parallax_tf.dynamic RowInitializer (`uniform`, `normal`, `constant`) or a
-      number; None: uniform with variance 1/dim. A row's initial value depends on its id and the
-      table's seed alone, so it is the same whichever rank first meets the id.
+    - `initializer`: a parallax_tf.dynamic RowInitializer (`uniform`, `normal`, `constant`), a
+      number, or a TF/Keras initializer (zeros, ones, constant, random uniform/normal, truncated
+      normal, Glorot/He/LeCun with fan = dim: dynamic/initializers.py); None: uniform with
+      variance 1/dim. A row's initial value depends on its id and the table's seed alone (`seed`,
+      else the initializer's, else one from the name), so it is the same whichever rank first
+      meets the id.
     - `admit_after` k: an id gets a row once it has occurred k times (k = 1: on first use). Until
       then it reads zeros and its gradient is dropped.
     - `evict_after_steps` T: a row (and an id's count) unseen for T steps is dropped.
@@ -110,8 +114,9 @@ class DynamicEmbedding:
         if any(t.name == name for t in tables(graph)):
             raise ModelError(f"two dynamic tables are named {name!r}; give each DynamicEmbedding its own name")
         self.name, self.dim, self.optimizer = name, dim, optimizer
-        self.options = TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=_initializer(initializer),
-                                    seed=zlib.crc32(name.encode()) if seed is None else int(seed),
+        law = _initializer(initializer, dim)
+        self.options = TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=law,
+                                    seed=_seed(name, seed, law),
                                     admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
         self.served = ServedRows(name, self.options) if _SERVING[0] else None
         self.shards = [] if self.served else [Shard(name, i, device, self.options)
@@ -266,16 +271,29 @@ def step(loss, optimizer=None) -> tf.Operation:
     return tf.group(*ends, name="parallax_dynamic_step")
 
 
-def _initializer(value) -> id_lib.RowInitializer:
+def _initializer(value, dim: int) -> id_lib.RowInitializer:
     if value is None:
         return id_lib.uniform()
     if isinstance(value, id_lib.RowInitializer):
         return value
     if isinstance(value, numbers.Real):
         return id_lib.constant(float(value))
-    raise ModelError(f"DynamicEmbedding(initializer={value!r}): pass None, a number or a parallax_tf.dynamic "
-                     "initializer (uniform(scale), normal(stddev), constant(value)); a row's initial value must "
-                     "depend on its id alone")
+    law = initializers.row_law(value, dim)
+    if law is None:
+        raise ModelError(f"DynamicEmbedding(initializer={initializers.describe_refused(value)}): pass "
+                         f"{initializers.ACCEPTED}; a row's initial value must depend on its id alone")
+    return law
+
+
+def _seed(name: str, seed: Optional[int], law: id_lib.RowInitializer) -> int:
+    """The table's seed: DynamicEmbedding's, else its initializer's, else one from its name."""
+    if seed is not None and law.seed is not None and int(seed) != law.seed:
+        raise ModelError(f"DynamicEmbedding({name!r}, seed={seed}) and its initializer's seed={law.seed} differ; "
+                         "give the seed in one of the two places")
+    for given in (seed, law.seed):
+        if given is not None:
+            return int(given)
+    return zlib.crc32(name.encode())
 
 
 def _check(name, dim, admit_after, evict_after_steps, capacity) -> None:

@@ -29,7 +29,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         steps_per_epoch=None, validation_steps=None, validation_batch_size=None, seed: int = 0, **options):
     """Trains a compiled tf_keras model (or a function returning one) as `model.fit` would on
     one device, on every rank of the job, and returns a tf_keras History whose `model` holds
-    the trained weights on every rank and whose `plan` is the run's plan. Arguments mean what
+    the trained weights on every rank, whose `plan` is the run's plan and whose `rank` and `size`
+    say which rank of how many this process is. Arguments mean what
     they mean to tf_keras.Model.fit; `batch_size` is the global batch; with shuffle, epoch e's
     order is a permutation seeded by seed + e, the same on every rank. Other keywords are
     parallax_tf.run's options (strategy, ckpt_dir, ...)."""
@@ -68,6 +69,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     result = run(fit_model_fn(spec, data.first(), lambda ctx: ctx.size, built_metrics), input_fn,
                  steps=(epochs - initial_epoch) * data.per_epoch, hooks=[epoch_ends], **options)
     history.plan = result.plan
+    history.rank, history.size = result.rank, result.size
     if not result.plan_only:
         spec.set_weights(result.variables)
     spec.model.history = history

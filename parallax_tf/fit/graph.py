@@ -19,6 +19,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.fit.spec import KerasSpec, metric_list
 from parallax_tf.model import Model
 
@@ -33,12 +34,15 @@ class BuiltMetrics:
     per_row: bool = False
 
 
+# The toolkit's placeholders for targets and weights, named apart from tf_keras' own: a model
+# built and compiled by the script's function inside the toolkit's graph makes `{output}_target`
+# placeholders of its own.
 def target_name(output: str) -> str:
-    return f"{output}_target"
+    return f"parallax_fit_{output}_target"
 
 
 def weight_feed_name(output: str) -> str:
-    return f"{output}_sample_weight"
+    return f"parallax_fit_{output}_sample_weight"
 
 
 def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_reading: Callable[[object], int],
@@ -60,16 +64,17 @@ def fit_model_fn(spec: KerasSpec, first_batch: Dict[str, np.ndarray], ranks_read
             built_metrics.per_row = ctx.batch_joined
         total, increments = [], {}
         for name, output in zip(spec.output_names, outputs):
-            target = _placeholder(first_batch[target_name(name)], target_name(name))
+            given = _placeholder(first_batch[target_name(name)], target_name(name))
             weight = first_batch.get(weight_feed_name(name))
             weight = None if weight is None else _placeholder(weight, weight_feed_name(name))
+            target, output, weight = _matched(given, output, weight)
             summed, per_row = _loss_sum(losses[name], target, output, weight)
             total.append(loss_weights[name] * summed * scale / per_row)
             if len(outputs) > 1:     # Keras' `{output}_loss`: a mean of the batches' losses weighted by rows
                 increments[f"{name}_loss"] = tf.cast(tf.stack([summed / per_row, rows_seen]), tf.float64)
                 if built_metrics is not None:
                     built_metrics.remakes[f"{name}_loss"] = None
-            for metric, weighted in _metric_objects(spec, target, output, name):
+            for metric, weighted in _metric_objects(spec, given, output, name):
                 key = metric.name if len(outputs) == 1 else f"{name}_{metric.name}"
                 key = f"weighted_{key}" if weighted and key in increments else key    # Keras' name for it
                 increments[key] = _state_increment(metric, target, output, weight if weighted else None)
@@ -86,12 +91,31 @@ def _placeholder(array: np.ndarray, name: str):
     return tf.compat.v1.placeholder(tf.as_dtype(array.dtype), [None] + list(array.shape[1:]), name=name)
 
 
+def _matched(target, output, weight):
+    """Target and weight as tf_keras' compile matches them to an output (compile_utils'
+    match_dtype_and_rank): labels of shape (N,) for an output of (N, k) gain a last axis, and take
+    the output's dtype where both are floats or both integers; weights take the output's dtype."""
+    if target.shape.rank == 1 and output.shape.rank == 2:
+        target = tf.expand_dims(target, -1)
+    if weight is not None and weight.shape.rank == 1 and output.shape.rank == 2:
+        weight = tf.expand_dims(weight, -1)
+    if (target.dtype.is_floating and output.dtype.is_floating) or (target.dtype.is_integer and output.dtype.is_integer):
+        target = tf.cast(target, output.dtype)
+    if weight is not None:
+        weight = tf.cast(weight, output.dtype)
+    return target, output, weight
+
+
 def _loss_sum(loss, y_true, y_pred, weight):
     """The sum of one output's (weighted) per-example losses (the loss function's value for each
-    example, its last axis reduced by the function itself), and how many elements they are per row."""
+    example, its last axis reduced by the function itself), and how many elements they are per row.
+    A loss given as a function is wrapped as compile wraps it (LossFunctionWrapper), which squeezes
+    or expands the target to the output's rank."""
     import tf_keras
     function = tf_keras.losses.get(loss)
-    values = function.call(y_true, y_pred) if isinstance(function, tf_keras.losses.Loss) else function(y_true, y_pred)
+    if not isinstance(function, tf_keras.losses.Loss):
+        function = keras_shim.loss_function_wrapper(function)
+    values = function.call(y_true, y_pred)
     values = tf.cast(values, tf.float32)
     if weight is not None:       # broadcast over the elements of a row, as Keras' weighted loss does
         weight = tf.reshape(tf.cast(weight, tf.float32), [-1] + [1] * (values.shape.rank - 1))

@@ -3,7 +3,7 @@ starting weights and compile's choices (optimizer, loss, metrics)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -19,8 +19,12 @@ class KerasSpec:
     def __init__(self, model):
         import tf_keras
         self.builder: Optional[Callable] = None
+        _refuse_keras_3(model)
+        self._name_counters: dict = {}     # tf_keras' layer names before the function built the model
         if not isinstance(model, tf_keras.Model) and callable(model):
+            self._name_counters = keras_shim.layer_name_counters()
             self.builder, model = model, model()
+            _refuse_keras_3(model)
         if not isinstance(model, tf_keras.Model):
             raise ModelError(f"ptf.fit takes a compiled tf_keras model or a function returning one; got "
                              f"{type(model).__name__}")
@@ -36,7 +40,8 @@ class KerasSpec:
                              "builds and compiles it: ptf.fit(make_model, x, y, ...)")
         self.input_names = [] if self.subclassed else list(model.input_names)
         self.output_names = ["output_1"] if self.subclassed else list(model.output_names)
-        self.weights: Dict[str, object] = {}
+        self.weights: List[Tuple[str, np.ndarray]] = []      # the eager model's (name, value), in its order
+        self.graph_names: Dict[int, str] = {}                 # index into weights -> its variable's name
         chosen = self.compiled.get("optimizer") or "rmsprop"
         legacy = _legacy_optimizer(chosen)
         self._converted = legacy is not chosen      # from a string or a new Keras optimizer
@@ -49,7 +54,7 @@ class KerasSpec:
             self.input_names = sorted(x) if isinstance(x, dict) else ["x"]
             if not self.model.built:
                 self.model(x if isinstance(x, dict) else np.asarray(x))
-        self.weights = {weight_name(w): w.numpy() for w in self.model.weights}
+        self.weights = [(weight_name(w), w.numpy()) for w in self.model.weights]
 
     def call_on(self, net, inputs: Dict[str, object]) -> list:
         """The rebuilt model's outputs: a cloned graph network's own, a subclassed one called on
@@ -67,23 +72,35 @@ class KerasSpec:
         eager model's value (created on entering, or for a subclassed model while it is first
         called inside the block)."""
         import tf_keras
-        matched = set()
+        matched: Dict[int, str] = {}
 
         def creator(next_creator, **kwargs):
             scope = tf.compat.v1.get_default_graph().get_name_scope()
             name = f"{scope}/{kwargs.get('name')}" if scope else kwargs.get("name")
-            if name in self.weights:
-                kwargs["initial_value"] = self.weights[name]
-                matched.add(name)
+            index = self._eager_weight_of(name, matched)
+            if index is not None:
+                kwargs["initial_value"] = self.weights[index][1]
+                matched[index] = name
             return next_creator(**kwargs)
+        if self.builder is not None:     # its layers and weights named as in the eager build
+            keras_shim.continue_layer_names(self._name_counters)
         with tf.variable_creator_scope(creator):
             net = self.builder() if self.builder is not None else tf_keras.models.clone_model(self.model)
             yield net
-        missing = sorted(set(self.weights) - matched)
+        self.graph_names = matched
+        missing = [name for i, (name, _) in enumerate(self.weights) if i not in matched]
         if missing:
             raise ModelError(f"ptf.fit rebuilt the model without the weight(s) {missing[:3]} of the compiled one; "
                              "build one model per call of the function you give ptf.fit (its weights' names "
                              "must not depend on models built before it)")
+
+    def _eager_weight_of(self, name: str, matched: Dict[int, str]) -> Optional[int]:
+        """The first eager weight not matched yet that a variable `name` of the rebuilt model is:
+        the same name, or the same name under the layer's scope (eager preprocessing layers name
+        their weights without one: `mean`, `normalization/mean` in a graph)."""
+        unmatched = [(index, eager) for index, (eager, _) in enumerate(self.weights) if index not in matched]
+        return next((i for i, eager in unmatched if eager == name),
+                    next((i for i, eager in unmatched if name.endswith("/" + eager)), None))
 
     def optimizer(self):
         """compile's optimizer as a fresh legacy tf_keras optimizer of the same class and settings
@@ -112,7 +129,7 @@ class KerasSpec:
     def set_weights(self, values: Dict[str, object]) -> None:
         """The eager model's weights from trained values keyed by single-device names."""
         self.eager_classes()
-        self.model.set_weights([values[weight_name(w)] for w in self.model.weights])
+        self.model.set_weights([values[self.graph_names.get(i, name)] for i, (name, _) in enumerate(self.weights)])
 
     def eager_classes(self) -> None:
         """The eager model's classes back on tf_keras' v2 bases. tf_keras picks a Model's and a
@@ -120,6 +137,15 @@ class KerasSpec:
         for every instance: the rebuild in the toolkit's graph left the eager model's classes
         on the v1 ones, whose evaluate, predict and save are the graph-mode ones."""
         keras_shim.classes_on_v2_bases(self.model)
+
+
+def _refuse_keras_3(model) -> None:
+    module = type(model).__module__
+    if module == "keras" or module.startswith("keras."):
+        raise ModelError(f"ptf.fit got a Keras 3 model ({module}.{type(model).__name__}; the `keras` package, and "
+                         "tf.keras where TensorFlow was imported before parallax_tf or TF_USE_LEGACY_KERAS is off); "
+                         "ptf.fit trains tf_keras (Keras 2) models: build it with `import tf_keras`, or with tf.keras "
+                         "and parallax_tf imported before TensorFlow")
 
 
 def eagerly():

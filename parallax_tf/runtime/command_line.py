@@ -4,7 +4,9 @@
 two-line "FATAL Flags parsing error" and exits with status 1 on every rank. A script that
 imports parallax_tf gets parallax_tf.flags.parse_command_line instead: a misspelled flag or a bad
 value is a ConfigError, so the program ends with one line and status 2 (runtime/exit.py), which
-parallax_tf's launcher prints once for the job. A flags_parser the script passes itself is kept."""
+parallax_tf's launcher prints once for the job. A flags_parser the script passes itself is kept.
+absl's own --help and --helpfull end with status 1; parse_command_line prints the help and ends
+with 0."""
 from __future__ import annotations
 
 import functools
@@ -25,3 +27,4 @@ def install() -> None:
 
     run._parallax = True
     app.run = run
+

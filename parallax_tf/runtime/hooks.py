@@ -127,22 +127,37 @@ class Hook:
 
 
 class Progress(Hook):
-    """A line every `every` steps; on a terminal, a bar redrawn in place between them."""
+    """A line every `every` steps; on a terminal, a bar redrawn in place between them.
 
-    def __init__(self, total: int, every: int, ranks: int = 1, stream=None):
-        self.total, self.every, self.ranks = total, every, ranks
+    Its step time and examples/s are the wall-clock time between steps as the script waits for
+    them (reading the input, the step, the hooks), over the last `window` steps; the first step
+    (start-up, the graph's first run) only counts until a second one has ended."""
+
+    def __init__(self, total: int, every: int, ranks: int = 1, stream=None, window: int = 10,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.total, self.every, self.ranks, self.window, self.clock = total, every, ranks, window, clock
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
         self.previous = None   # the step of the last call (an asynchronous run's steps can jump)
+        self.ended: List[tuple] = []     # (step, when it ended) of the last window's steps
+
+    def _step_s(self, step: int, stats: StepStats) -> float:
+        self.ended = (self.ended + [(step, self.clock())])[-(self.window + 1):]
+        (first, began), (last, now) = self.ended[0], self.ended[-1]
+        if last > first:
+            return (now - began) / (last - first)
+        return stats.recent_rate(1)[0]
 
     def after_step(self, step, loss, stats):
-        step_s, rate = stats.recent_rate()
+        step_s = self._step_s(step, stats)
+        per_step = stats.examples / len(stats.times) if stats.times else 0
+        rate = per_step / step_s if step_s else 0.0
         eta = (self.total - step) * step_s
         moved, whose = bytes_per_rank(stats, self.ranks)
         metrics = "".join(f" {name} {values[-1]:.4f}" for name, values in sorted(stats.metrics.items())
                           if np.ndim(values[-1]) == 0)
         line = (f"step {step}/{self.total} loss {loss:.4f}{metrics} {rate:,.0f} ex/s step {step_s * 1000:.1f}ms "
-                f"eta {eta:.0f}s bytes/step/rank{whose} "
+                f"eta {eta:.{1 if eta < 10 else 0}f}s bytes/step/rank{whose} "
                 f"{' '.join(f'{r}={human_bytes(b)}' for r, b in sorted(moved.items()) if b) or '0'}"
                 + tables_line(stats.tables))
         previous = step - 1 if self.previous is None else self.previous

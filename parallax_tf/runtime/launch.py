@@ -4,7 +4,10 @@ job's exit status.
 
 `import parallax_tf` does this before TensorFlow is imported when the command line asks for
 ranks (launch_if_asked): the launching process then never imports TensorFlow, which takes
-seconds and prints its start-up notices."""
+seconds and prints its start-up notices.
+
+This process (the front end) holds a line to the launcher, and the launcher one to each rank
+(lifeline.py): whatever ends one of them, SIGKILL included, ends the job below it."""
 from __future__ import annotations
 
 import os
@@ -13,9 +16,12 @@ import subprocess
 import sys
 from typing import Optional
 
-from parallax_tf.runtime import bind, quiet
+from parallax_tf.runtime import bind, lifeline, quiet
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+# The launcher's multiprocessing resource tracker outlives a launcher killed by SIGKILL, removes
+# the semaphores it leaves and warns about them on the job's stderr: the ranks' own lines say why.
+QUIET_RESOURCE_TRACKER = ("-W", "ignore:resource_tracker:UserWarning")
 LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 DEFAULT_RESTARTS = 3      # --max_restarts when the job checkpoints (--ckpt_dir); 0 otherwise
 
@@ -74,16 +80,35 @@ def requested_ranks(args) -> int:
     return 0 if plan_only or not count.isdigit() else int(count)
 
 
+# absl's spellings of its help flags (one dash or two) -> how much help they ask for
+HELP_FLAGS = {"help": "short", "h": "short", "?": "short", "helpshort": "short", "helpfull": "full"}
+
+
+def help_asked(argv) -> Optional[str]:
+    """"short" or "full" when a command line asks for help before its `--`, else None."""
+    for arg in argv[1:]:
+        if arg == "--":
+            return None
+        name, eq, value = arg.lstrip("-").partition("=")
+        if arg.startswith("-") and name in HELP_FLAGS and (not eq or value.lower() in ("true", "1")):
+            return HELP_FLAGS[name]
+    return None
+
+
 def launch_if_asked(argv) -> None:
     """Starts the ranks and exits with the job's status when this command line asks for more
-    than one rank and no launcher started it."""
-    if under_launcher() or sys.flags.interactive or not getattr(sys, "orig_argv", None):
+    than one rank and no launcher started it. A rank that parallax_tf's launcher started holds
+    its line to that launcher instead: it stops once the launcher is gone."""
+    if under_launcher():
+        lifeline.watch_launcher()
+        return
+    if sys.flags.interactive or not getattr(sys, "orig_argv", None):
         return
     main = sys.modules.get("__main__")
     if main is None or not getattr(main, "__file__", None):
         return                         # python -c, a notebook: run() launches as before
     count = requested_ranks(argv[1:])
-    if count > 1:
+    if count > 1 and not help_asked(argv):       # help is printed here, by the flags, and ends the program
         sys.exit(launch_local(count, quiet.verbose_in(argv), **restart_options(argv[1:]), **host_options(argv[1:])))
 
 
@@ -98,17 +123,23 @@ def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, c
                "--host_discovery_script": discovery, "--host_slots": hosts, "--ssh_port": ssh_port,
                "--ssh_identity_file": ssh_identity_file}
     # run by path: see launcher.py for why it must not be started with -m
-    command = [sys.executable, LAUNCHER, "--np", str(num_ranks)] + \
+    job_line = lifeline.JobLine()
+    command = [sys.executable, *QUIET_RESOURCE_TRACKER, LAUNCHER, "--np", str(num_ranks),
+               "--front_end_fd", str(job_line.launcher_fd())] + \
         [part for name, value in options.items() if value not in (None, "") for part in (name, str(value))] + \
         (["--verbose"] if verbose else []) + ["--", sys.executable, *argv]
     from parallax_tf.runtime.exit import EXPECT_RUN_ENV
     env = bind.preload_env(quiet.environment(dict(os.environ, PYTHONUNBUFFERED="1", **{EXPECT_RUN_ENV: "1"}), verbose))
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        proc = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=(job_line.launcher_fd(),))
+    finally:
+        job_line.launched()
     # The ranks run in their own session: a SIGTERM to this process must reach them too, or
     # they outlive it. The launcher stops its ranks on SIGTERM; its exit status is returned.
     previous = signal.signal(signal.SIGTERM, lambda *_: os.killpg(proc.pid, signal.SIGTERM))
     try:
-        return proc.wait()
+        status = proc.wait()
+        return 128 - status if status < 0 else status
     except KeyboardInterrupt:      # Ctrl-C: the launcher stops its ranks and says it was SIGINT
         os.kill(proc.pid, signal.SIGINT)
         try:
@@ -118,3 +149,4 @@ def launch_local(num_ranks: int, verbose: bool = False, max_restarts: int = 0, c
         return 128 + signal.SIGINT
     finally:
         signal.signal(signal.SIGTERM, previous)
+        job_line.wait_and_clean_up(proc.pid, proc.returncode)

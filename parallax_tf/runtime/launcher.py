@@ -14,10 +14,12 @@ rank fails, every rank is stopped, as horovodrun does. The rank named as the job
 restarted for) is the one that failed, not one that stopped because it lost that peer (status
 PEER_LOST_STATUS): such a rank's exit waits a moment for the peer's own.
 
-The ranks' output is the job's one stream (rank_output.py)."""
+The ranks' output is the job's one stream (rank_output.py). No rank outlives this launcher, nor
+this launcher its front end, and their temporary folders go with them (lifeline.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,14 +36,15 @@ from typing import Callable, List, Optional
 
 if __package__:
     from parallax_tf.compat import horovod as horovod_runner
-    from parallax_tf.runtime import remote
+    from parallax_tf.runtime import lifeline, remote
     from parallax_tf.runtime.rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
 else:                  # run as a script (see above): its folder is on the path, parallax_tf is not imported
+    import lifeline
     import remote
     from rank_output import USER_ERROR_PREFIX, JobOutput, RankOutput
     from remote import horovod_runner       # the shim, loaded by its path (remote.py)
 if __name__ == "__mp_main__":        # this module re-imported in Horovod's per-rank helper process
-    horovod_runner.quiet_rank_stop()
+    horovod_runner.install_rank_stop(lifeline.LAUNCHER_GONE_GRACE_S)
 
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 COMMIT_DIR_ENV = "PARALLAX_COMMIT_DIR"    # where the ranks keep in-memory commits (parallax_tf.api)
@@ -93,16 +96,24 @@ class _Job:
 
 def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_ip: str,
         wrap: Optional[Callable] = None, timeout_s: float = 0, verbose: bool = False,
-        failure: Optional[dict] = None, ssh: Optional[remote.Ssh] = None) -> int:
+        failure: Optional[dict] = None, ssh: Optional[remote.Ssh] = None,
+        front_end: Optional[lifeline.FrontEndLine] = None) -> int:
     """Runs `command` as `num_proc` ranks on `hosts` (Horovod's "h1:2,h2:2" syntax) and returns
     the job's status: the first failure of a rank the job could not lose, else 0. `wrap(cmd,
     slot_info)` may rewrite each rank's shell command (e.g. to enter a network namespace);
     `ssh`: how to reach the hosts that are not this machine (without it every rank starts here);
     `verbose`: the ranks' log lines are not filtered; `failure` is filled with the rank that
-    ended the job, its host, its status and whether it reported a user error."""
+    ended the job, its host, its status and whether it reported a user error; `front_end`: the
+    line from the `--np N` command that started this launcher (its end stops the job)."""
+    if front_end and front_end.gone.is_set():      # between two runs: no ranks to start and stop again
+        raise SystemExit(lifeline.FRONT_END_GONE_STATUS)
     elsewhere = remote.remote_hosts(list(host_slots(hosts))) if ssh else set()
     job_dir = tempfile.mkdtemp(prefix="parallax-job-")
-    env = dict(env, **{JOB_DIR_ENV: job_dir})
+    if front_end:
+        front_end.remove_when_gone(job_dir)
+    rank_lines = lifeline.RankLines.serve(job_dir, remove=[job_dir, env.get(COMMIT_DIR_ENV)],
+                                          hold=front_end.socket.fileno() if front_end else None)
+    env = dict(env, **{JOB_DIR_ENV: job_dir}, **(rank_lines.env() if rank_lines else {}))
     settings = types.SimpleNamespace(hosts=hosts, num_proc=num_proc, verbose=0, output_filename=None,
                                      elastic=False, prefix_output_with_timestamp=False)
     stop_all = threading.Event()
@@ -118,16 +129,21 @@ def run(command: List[str], hosts: str, num_proc: int, env: dict, nics, server_i
     if in_main:
         _catch_signals(job, previous)
     try:
-        # exec_rank reports every rank as finished: the statuses that matter are in `failures`
-        horovod_runner.launch_gloo(command, functools.partial(_exec_rank, job), settings, set(nics), env, server_ip,
-                                   stop_event=job.signalled if in_main else None)
+        with front_end.stopping(stop_all) if front_end else contextlib.nullcontext():
+            # exec_rank reports every rank as finished: the statuses that matter are in `failures`
+            horovod_runner.launch_gloo(command, functools.partial(_exec_rank, job), settings, set(nics), env,
+                                       server_ip, stop_event=job.signalled if in_main else None)
     finally:
         if in_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if timer:
             timer.cancel()
+        if rank_lines:
+            rank_lines.close()
         shutil.rmtree(job_dir, ignore_errors=True)
+    if front_end and front_end.gone.is_set():      # its watch said so: the job ends here, not restarted
+        raise SystemExit(lifeline.FRONT_END_GONE_STATUS)
     if job.signalled.is_set():
         signum = job.received[0] if job.received else signal.SIGTERM
         print(f"parallax_tf launcher: stopped every rank on {_signal_name(signum)}", file=sys.stderr, flush=True)
@@ -228,6 +244,8 @@ def run_restarting(command: List[str], hosts: str, num_proc: int, env: dict, nic
     # in-memory commits (--commit_every) outlive the ranks here, in memory where there is a tmpfs;
     # rank 0 writes them, so only when it runs on this machine
     commits = tempfile.mkdtemp(prefix="parallax-commits-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    if options.get("front_end"):
+        options["front_end"].remove_when_gone(commits)
     if not (options.get("ssh") and remote.remote_hosts(list(host_slots(hosts))[:1])):
         env = dict(env, **{COMMIT_DIR_ENV: commits})
     try:
@@ -328,11 +346,14 @@ def main(argv=None) -> int:
     parser.add_argument("--ckpt_dir", default=None, help="where the job checkpoints (for the restart summary)")
     parser.add_argument("--min_np", type=int, default=None, help="fewest ranks a restart may go on with")
     parser.add_argument("--host_discovery_script", default=None, help="command listing the hosts a restart may use")
+    parser.add_argument("--front_end_fd", type=int, default=None,
+                        help="inherited descriptor of the line from the front end (lifeline.py): its end stops the job")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the rank's command after --")
+    front_end = lifeline.FrontEndLine(args.front_end_fd).watch() if args.front_end_fd is not None else None
     hosts = placed_on(host_slots(args.host_slots), args.np) if args.host_slots else f"localhost:{args.np}"
     slots = sum(host_slots(hosts).values())
     if slots < args.np:
@@ -347,7 +368,7 @@ def main(argv=None) -> int:
         return USER_ERROR_STATUS
     return run_restarting(command, hosts, args.np, dict(os.environ), nics, server_ip,
                           args.max_restarts, args.ckpt_dir, args.min_np, args.host_discovery_script,
-                          verbose=args.verbose, ssh=ssh)
+                          verbose=args.verbose, ssh=ssh, front_end=front_end)
 
 
 if __name__ == "__main__":

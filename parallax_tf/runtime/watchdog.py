@@ -10,7 +10,8 @@ answering: they drop out of `alive()` and this rank goes on.
 
 A third way out: the launcher's rendezvous server (`launcher`) stops answering. A rank started
 through ssh would otherwise outlive a launcher that is killed or stopped (the ssh client goes,
-the rank does not).
+the rank does not); a rank on the launcher's own host learns it sooner, from its line to the
+launcher (lifeline.py).
 
 A fourth way out: a wait under `deadline()` that outlives it. TF cancels a step at its timeout,
 but a Horovod collective ignores the cancellation, so ranks waiting in different collectives
@@ -27,9 +28,10 @@ import threading
 import time
 from typing import Dict, Iterable, Optional, Set
 
+from parallax_tf.runtime.lifeline import LAUNCHER_GONE_STATUS as LAUNCHER_GONE_EXIT
+
 LOST_RANK_EXIT = 75     # launcher.PEER_LOST_STATUS: the launcher blames the lost peer, not this rank
 STALLED_EXIT = 76
-LAUNCHER_GONE_EXIT = 77
 
 
 def launcher_address() -> Optional[str]:

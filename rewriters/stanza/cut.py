@@ -6,7 +6,8 @@ there; the rest of the model (convolutions, pooling, embeddings: the feature ext
 only before it. The cut is the set of tensors computed before the head and consumed inside it:
 - "activation": computed from the feature extractor's weights, one row per example; the FC node
   returns its gradient;
-- "data": computed from the input alone (labels), one row per example; forward only;
+- "data": an input the head reads (labels, weights), one row per example, carried as fed (what
+  the head computes from it alone is recomputed on the FC node); forward only;
 - "replicated": computed from the extractor's weights alone, not per example (a weight-decay
   term added to the loss): the same on every conv node, so one conv node sends it.
 Tensors computed from neither (constants, reads of the head's own weights) are rebuilt on the
@@ -96,9 +97,24 @@ def _cut_tensors(head_ops: set, forward: set, extractor_storage: set, head_stora
             if tensor.op in head_ops or tensor.name in found or tensor.dtype == tf.resource:
                 continue
             kind = _kind(tensor, extractor_storage, head_storage)
-            if kind is not None:
+            if kind == DATA:            # the inputs it is computed from, which every other use reads too
+                for source in _fed_sources(tensor):
+                    if source.name not in found:
+                        found[source.name] = _describe(source, DATA, op)
+            elif kind is not None:
                 found[tensor.name] = _describe(tensor, kind, op)
     return list(found.values())
+
+
+def _fed_sources(tensor) -> list:
+    """The fed inputs (labels, weights) a tensor computed from the input alone derives from: the
+    FC node receives those and recomputes the rest, so that every op reading them there (a loss,
+    a metric's update) reads what arrived."""
+    if tensor.op.type in graph_walk.FED_INPUT_OPS:
+        return [tensor]
+    ops = graph_walk.ancestors(tensor.op, data_only=True) | {tensor.op}
+    sources = {t.name: t for op in ops for t in op.inputs if t.op.type in graph_walk.FED_INPUT_OPS}
+    return [sources[name] for name in sorted(sources)]
 
 
 def _kind(tensor, extractor_storage: set, head_storage: set):

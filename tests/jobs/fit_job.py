@@ -12,7 +12,8 @@ cnn: Sequential convolutions under a dense head (stanza's split), 'sgd' with mom
   object, accuracy, shuffle on, an uneven last batch, validation_split.
 two_heads: functional, two outputs with a loss dict (a function and a string), loss_weights,
   a metric on one output, a new-Keras RMSprop on a decaying learning-rate schedule,
-  TerminateOnNaN."""
+  TerminateOnNaN.
+guide_*: the Keras guides' scripts (tests/jobs/keras_guides.py)."""
 import json
 import os
 import sys
@@ -24,6 +25,8 @@ import parallax_tf as ptf  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 from absl import app, flags  # noqa: E402
+
+from tests.jobs import keras_guides  # noqa: E402
 
 flags.DEFINE_list("runs", ["mlp:hybrid"], "case:strategy, ...")
 flags.DEFINE_string("out", None, "where each rank writes <case>.<strategy>.rank<r>.npz")
@@ -192,9 +195,11 @@ def two_heads(strategy):
 def main(argv):
     for run in FLAGS.runs:
         case, strategy = run.split(":")
-        model, history, reference, want = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn,
-                                            "two_heads": two_heads}[case](strategy)
-        np.savez(os.path.join(FLAGS.out, f"{case}.{strategy}.rank{RANK}.npz"),
+        cases = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn, "two_heads": two_heads,
+                 **{f"guide_{name}": run for name, run in keras_guides.CASES.items()}}
+        model, history, reference, want = cases[case](strategy)
+        assert (history.rank, history.size) == (RANK, int(os.environ["HOROVOD_SIZE"]))
+        np.savez(os.path.join(FLAGS.out, f"{case}.{strategy}.rank{history.rank}.npz"),
                  history=json.dumps({"epoch": history.epoch, **history.history}),
                  reference_history=json.dumps(want),     # weights in the models' order (a subclassed
                  **{f"got:{i}": v for i, v in enumerate(model.get_weights())},     # one's names differ)
