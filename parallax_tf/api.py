@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import rewriters  # noqa: F401  (registers the techniques: the core reaches them only through parallax_tf.strategy)
 from parallax_tf import flags as ptf_flags
-from parallax_tf import devices, dynamic, model_init, rank_run, strategy as strategy_lib
+from parallax_tf import devices, dynamic, front_end as front_end_lib, model_init, rank_run, strategy as strategy_lib, tf2
 from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.checkpoint import CheckpointStore
 from parallax_tf.compat import tensorflow as tf_shim
@@ -34,9 +34,14 @@ _RUN_IDS = itertools.count()
 ptf_flags.define_strategy_flag()
 
 
-def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional[int] = None,
+def run(model_fn: Callable, input_fn=None, steps: Optional[int] = None,
         hooks: Sequence[Hook] = (), **options) -> Result:
-    """Trains model_fn's single-device graph on every rank of the job and returns the result.
+    """Trains a single-device model on every rank of the job and returns the result: a
+    tf.compat.v1 model_fn's graph, fed by input_fn(ctx) (or its own tf.data pipeline), or, given
+    a tf.data.Dataset in input_fn's place, a TF2 training step (a tf.function or a Python
+    function taking one of the dataset's elements) trained on each of its elements, one a step
+    (steps: one pass over the dataset unless said), after which the step's own variables hold
+    the trained values.
 
     Options are the absl flags of parallax_tf.flags and of each strategy (strategy, np,
     partitions, slim_core, ...); keyword arguments override the flags. `hooks`
@@ -46,16 +51,24 @@ def run(model_fn: Callable, input_fn: Optional[Callable] = None, steps: Optional
     # process's default; model_fn builds its graphs either way, and the toolkit's own eager work
     # (Horovod's object exchanges, checkpoint writes) runs as it does in every other script.
     with tf_shim.eager_mode():
-        return _run(model_fn, input_fn, steps, hooks, options)
+        if not tf2.is_dataset(input_fn):
+            return _run(front_end_lib.ModelFn(model_fn), input_fn, steps, hooks, options)
+        step = tf2.StepFrontEnd(model_fn, input_fn)
+        result = _run(step, step.input_fn(), steps, hooks, options)
+        if result.variables:
+            step.write_back(result.variables)
+        return result
 
 
-def _run(model_fn, input_fn, steps, hooks, options) -> Result:
+def _run(front_end, input_fn, steps, hooks, options) -> Result:
     phases = {"run": time.time()}        # when each start-up phase ended (Result.extras["phases"])
     exit_lib.ran()
     opts = ptf_flags.resolve(steps=steps, **options)
+    if steps is None and hasattr(front_end, "steps") and not ptf_flags.given_on_command_line("steps"):
+        opts.steps = front_end.steps(None)      # a TF2 step: one pass over its dataset
     quiet.apply(opts.verbose)
     if opts.plan_only:
-        result = _plan_only(model_fn, input_fn, opts)
+        result = _plan_only(front_end, input_fn, opts)
         if options.get("plan_only") is None:     # asked for on the command line: the program ends here
             sys.exit(0)
         return result
@@ -79,22 +92,23 @@ def _run(model_fn, input_fn, steps, hooks, options) -> Result:
                           "drop --np under horovodrun/mpirun")
     ctx = RunContext(topo.rank, topo.size, topo.local_rank, topo.local_size, 0,
                      batch_joined=strategy_lib.get(opts.strategy).batch_joined)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, evaluate=topo.is_chief, shard_input=opts.shard_input,
+    captured = capture(front_end, input_fn, ctx, opts.seed, evaluate=topo.is_chief, shard_input=opts.shard_input,
                        process=cluster.process, **measurements(opts.strategy))
     phases["inspection"] = time.time()
     plan = _agree_on_plan(captured, opts, topo, cluster)
     phases["plan"] = time.time()
     if topo.is_chief and opts.log_every:
         print(plan.table(), flush=True)
-    return _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, list(hooks), phases)
+    return _train(front_end, input_fn, opts, cluster, ctx, captured, plan, list(hooks), phases)
 
 
-def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, phases) -> Result:
+def _train(front_end, input_fn, opts, cluster, ctx, captured, plan, user_hooks, phases) -> Result:
     topo = cluster.topology
     run_id = f"parallaxrun{rank_objects.broadcast(next(_RUN_IDS))}"
-    built = _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id)
+    built = _build_rank_graph(front_end, opts, ctx, plan, topo, run_id)
     phases["graph"] = time.time()
-    ran = _open_rank_session(opts, cluster, captured, plan, built, user_hooks)
+    ran = _open_rank_session(opts, cluster, captured, plan, built, user_hooks,
+                             whole_state=getattr(front_end, "writes_back", False))
     peer_lost = False
     try:
         trained = _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases)
@@ -114,14 +128,14 @@ def _train(model_fn, input_fn, opts, cluster, ctx, captured, plan, user_hooks, p
     return result
 
 
-def _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id) -> rank_run.RankGraph:
-    """The strategy's rewrite of model_fn into this rank's graph, initialised as the single-device
+def _build_rank_graph(front_end, opts, ctx, plan, topo, run_id) -> rank_run.RankGraph:
+    """The strategy's rewrite of the model into this rank's graph, initialised as the single-device
     script would, placed and finalized."""
     graph = tf.Graph()
     # Every op without an explicit placement runs on this rank's worker: left unplaced, TF's
     # placer may put it on a PS task, i.e. into another rank's process (Horovod ops included).
     with graph.as_default(), graph.container(run_id), tf.device(topo.worker_device):
-        request = strategy_lib.BuildRequest(model_fn, ctx, plan, topo, opts.seed, opts.shard_input)
+        request = strategy_lib.BuildRequest(front_end, ctx, plan, topo, opts.seed, opts.shard_input)
         dgraph = strategy_lib.get(plan.strategy).rewrite(request)    # a rule may have chosen another strategy
         by_name = plan.by_name()
         for name, layout in dgraph.layouts.items():       # how the lookups read the shards it made
@@ -143,7 +157,7 @@ def _build_rank_graph(model_fn, opts, ctx, plan, topo, run_id) -> rank_run.RankG
     return rank_run.RankGraph(graph, dgraph, state_io, input_reads, batch_rows, on_cpu_instead)
 
 
-def _open_rank_session(opts, cluster, captured, plan, built, user_hooks) -> rank_run.RankSession:
+def _open_rank_session(opts, cluster, captured, plan, built, user_hooks, whole_state: bool = False) -> rank_run.RankSession:
     """The checkpoint stores and rank 0's starting values, the session, the hooks and the
     watchdog with the guard that turns a lost peer into one error."""
     topo = cluster.topology
@@ -157,6 +171,8 @@ def _open_rank_session(opts, cluster, captured, plan, built, user_hooks) -> rank
     hooks += user_hooks
     results = list(built.dgraph.parts) + [v.name for v in plan.on_route(ROUTE_LOCAL)] + \
         [k for k in built.state_io.keys if k not in built.state_io.entries]
+    if whole_state:        # the front end writes everything back into the script's objects (slots too)
+        results += [k for k in built.state_io.keys if k not in results]
     tracer = StepTracer(opts.timeline_file if topo.is_chief else None, opts.timeline_steps)
     watchdog = _watchdog(topo, cluster, built.dgraph) if topo.size > 1 else None
     alive = watchdog.alive if watchdog else (lambda: {topo.rank})
@@ -316,10 +332,10 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     return Plan.from_json(rank_objects.broadcast(text))
 
 
-def _plan_only(model_fn, input_fn, opts) -> Result:
+def _plan_only(front_end, input_fn, opts) -> Result:
     ranks = opts.np or int(os.environ.get("HOROVOD_SIZE", "1"))
     ctx = RunContext(0, ranks, 0, ranks, 0)
-    captured = capture(model_fn, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
+    captured = capture(front_end, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
     plan = make_plan(PlanRequest(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
                      cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options))
     listed = devices.listed_gpus()

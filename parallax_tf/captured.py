@@ -25,6 +25,8 @@ class VariableInfo:
     part_names: List[str]          # the variables holding it in the capture graph
     part_rows: List[int]
     from_get_variable: bool        # only get_variable variables can be partitioned by us
+    # its apply needs a sparse gradient's repeated rows one by one (not summed per id first)
+    rows_each: bool = False
 
     @property
     def row_bytes(self) -> int:

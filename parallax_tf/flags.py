@@ -292,6 +292,10 @@ def resolve(**overrides) -> Options:
 _SAID_OVERRIDES: set = set()
 
 
+def given_on_command_line(name: str) -> bool:
+    return name in FLAGS and bool(FLAGS[name].present)
+
+
 def _say_overridden(overrides: dict) -> None:
     """One note (on rank 0, once per process) for each run() keyword that replaces a different
     value given for its flag on the command line."""

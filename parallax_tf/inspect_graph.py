@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from parallax_tf import dynamic, graph_walk, input_shard, model_init, training_graph
+from parallax_tf import dynamic, front_end as front_end_lib, graph_walk, input_shard, model_init, training_record
 from parallax_tf.captured import Capture, StateInfo, VariableInfo
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
@@ -32,7 +32,7 @@ class CaptureView:
     """What a strategy's Measure sees of the captured model: `measure(view)` returns what the
     strategy's planning rule needs (Capture.measured[measure.name])."""
     graph: tf.Graph
-    training: object                        # training_graph.Training
+    training: object                        # training_record.Training
     groups: Dict[str, list]                 # logical name -> [(variable, raw gradient)]
     layers: Dict[str, str]                  # logical name -> layer kind
     state_vars: Dict[str, tf.Variable]      # model state by logical name
@@ -70,16 +70,18 @@ def record_get_variable(names: set):
         yield
 
 
-def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, seed: int,
+def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
             evaluate: bool = True, time_compute: bool = False, measures: Sequence = (),
             shard_input: bool = True, process: pool_threads.ProcessConfig = pool_threads.ProcessConfig()) -> Capture:
-    """Builds model_fn's graph; with `evaluate`, also runs its initialisers and one batch.
+    """Builds the model's graph (`model`: a front end, or a model_fn); with `evaluate`, also runs
+    its initialisers and one batch.
     `time_compute`: times a step; `measures`: a strategy's further measurements (Measure
     objects, parallax_tf.strategy), each given a CaptureView; `shard_input` (--shard_input):
     whether the tf.data pipelines model_fn builds may be sharded, each as input_shard decides;
     `process`: the pools and device its sessions run with."""
-    graph, training, from_get_variable = _build(model_fn, ctx, seed, shard_input)
-    inputs = input_shard.decide(training.inputs, lambda other: _build(model_fn, other, seed, shard_input)[1].inputs)
+    front_end = front_end_lib.of(model)
+    graph, training, from_get_variable = _build(front_end, ctx, seed, shard_input)
+    inputs = input_shard.decide(training.inputs, lambda other: _build(front_end, other, seed, shard_input)[1].inputs)
     with graph.as_default():
         built = _model_parts(graph, training, from_get_variable)
         # input_fn runs on the evaluating rank only: a rank that reads no data (a Stanza FC node)
@@ -104,15 +106,15 @@ def capture(model_fn: Callable, input_fn: Optional[Callable], ctx: RunContext, s
                    sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies), inputs)
 
 
-def _build(model_fn: Callable, ctx: RunContext, seed: int, shard_input: bool):
-    """model_fn's training graph in a graph of its own, as every rank builds it: (the graph, its
-    training_graph.Training, the names of the variables made by get_variable)."""
+def _build(front_end, ctx: RunContext, seed: int, shard_input: bool):
+    """The front end's training graph in a graph of its own, as every rank builds it: (the graph,
+    its training_record.Training, the names of the variables made by get_variable)."""
     graph = tf.Graph()
     from_get_variable: set = set()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
         with record_get_variable(from_get_variable):
-            training = training_graph.build(model_fn, ctx, shard=shard_input)
+            training = front_end.build(ctx, shard=shard_input)
     return graph, training, from_get_variable
 
 
@@ -120,7 +122,7 @@ def _build(model_fn: Callable, ctx: RunContext, seed: int, shard_input: bool):
 class _ModelParts:
     """What capture's steps read of the model built in the capture graph."""
     graph: tf.Graph
-    training: object                        # training_graph.Training
+    training: object                        # training_record.Training
     placeholders: List[str]
     initializers: list
     groups: Dict[str, list]                 # logical name -> [(variable, raw gradient)]
@@ -194,7 +196,8 @@ def _describe_variables(built: _ModelParts, found: _Evaluated, forward: set) -> 
             rows_touched=found.rows.get(name, (None, None))[0], gathered_bytes=found.rows.get(name, (None, None))[1],
             user_partitioned=len(parts) > 1 or tf_shim.save_slice_info(parts[0]) is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
-            from_get_variable=name in built.from_get_variable))
+            from_get_variable=name in built.from_get_variable,
+            rows_each=any(p.op.name in built.training.rows_each for p in parts)))
     return infos, initial
 
 
@@ -222,7 +225,7 @@ def _reads_the_batch(var, train_op) -> bool:
     """Whether the train op updates `var` from this rank's data (then ranks' copies differ): the
     value it writes is computed from the input (an EMA of weights, written after the apply,
     depends on the batch by control only and is the same on every rank)."""
-    target = training_graph.storage(var).name
+    target = training_record.storage(var).name
     needed = graph_walk.ancestors(train_op)
     for op in needed:
         if op.type in graph_walk.WRITE_OPS and op.inputs and op.inputs[0].name == target:
@@ -239,7 +242,7 @@ def _state_layer(var, training) -> str:
     return "norm" if types & _NORM_OPS else "state"
 
 
-_storage = training_graph.storage
+_storage = training_record.storage
 
 
 def _check_no_outside_writes(graph, trainable, optimizer_ops: set) -> None:

@@ -12,7 +12,7 @@ from typing import List
 from parallax_tf import routes as route_lib, strategy as strategy_lib
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_LOCAL, ROUTE_PS, DynamicTablePlan, Plan, Shard, VariablePlan
+from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, DynamicTablePlan, Plan, Shard, VariablePlan
 from parallax_tf.strategy import Decisions, PlanRequest
 
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -41,11 +41,12 @@ def make_plan(request: PlanRequest) -> Plan:
     entries = []
     for info in capture.variables:
         route_name, reason = decided.routes[info.name]
-        route = route_lib.get(route_name)
         entry = VariablePlan(name=info.name, shape=info.shape, dtype=info.dtype, bytes=info.bytes,
                              gradient=info.gradient, layer=info.layer, route=route_name, reason=reason,
                              bytes_per_step=0, user_partitioned=info.user_partitioned,
                              params=dict(decided.params.get(info.name, {})))
+        _keep_each_row(entry, info)
+        route = route_lib.get(entry.route)
         count = (partitions, "--partitions") if partitions is not None else counts.get(info.name, (1, ""))
         if route.on_servers:
             shard(entry, info, count, num_hosts, server_load)
@@ -61,6 +62,17 @@ def make_plan(request: PlanRequest) -> Plan:
                 dynamic_tables=[DynamicTablePlan(**table, shards=partitions or num_hosts)
                                 for table in capture.dynamic_tables],
                 inputs=list(capture.inputs))
+
+
+def _keep_each_row(entry, info) -> None:
+    """A sparse variable whose apply takes repeated rows one by one: its route is asked to keep
+    them so; one that sums them per id first (which would change what the apply computes) gives
+    way to AllReduce's allgather, which keeps them."""
+    if not info.rows_each or info.gradient != "sparse" or route_lib.get(entry.route).keeps_each_row(entry):
+        return
+    entry.reason = (f"{entry.reason}; but its optimizer takes a sparse gradient's rows one by one (repeated ids "
+                    f"too), which the {entry.route} route sums per id first: allgathered instead")
+    entry.route = ROUTE_ALLREDUCE
 
 
 def _model_state(capture: Capture, decided: Decisions) -> List[VariablePlan]:

@@ -46,6 +46,11 @@ class Route:
         """The plan table's "shards" cell for a variable on this route."""
         return "-"
 
+    def keeps_each_row(self, entry) -> bool:
+        """Whether the route can hand a sparse variable's apply every rank's rows one by one,
+        repeated ids included (its params say so where that is not how it carries them)."""
+        return True
+
 
 class ParameterServers(Route):
     name = "ps"
@@ -55,6 +60,10 @@ class ParameterServers(Route):
 
     def shards_cell(self, entry) -> str:
         return str(entry.partitions) + (" (user)" if entry.user_partitioned else "")
+
+    def keeps_each_row(self, entry) -> bool:
+        entry.params["rows"] = "each"          # gathered to rank 0, not summed in an accumulator
+        return True
 
 
 class AllReduce(Route):
@@ -82,6 +91,9 @@ class Alltoall(Route):
 
     def shards_cell(self, entry):
         return f"{entry.params.get('rank_shards', '?')} ranks"
+
+    def keeps_each_row(self, entry) -> bool:
+        return False                            # owners sum the rows of one id
 
 
 # Layout of a variable held by the ranks themselves: row i on rank i % N (the number of ranks).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from parallax_tf import plan as plan_lib
 from parallax_tf.errors import ConfigError
@@ -206,13 +206,17 @@ def parse_options(values: Dict[str, object]) -> Dict[str, object]:
 # ---- rewriting --------------------------------------------------------------------------------
 @dataclasses.dataclass
 class BuildRequest:
-    """Everything a rewriter gets: the user's model_fn and the decisions already taken."""
-    model_fn: Callable
+    """Everything a rewriter gets: the model's front end (or a model_fn) and the decisions already taken."""
+    front_end: object               # parallax_tf.front_end.FrontEnd
     ctx: RunContext
     plan: Plan
     topology: Topology
     seed: int
     shard_input: bool = True   # --shard_input: tf.data built in model_fn is sharded by ctx (rank, size)
+
+    def __post_init__(self):
+        from parallax_tf import front_end
+        self.front_end = front_end.of(self.front_end)
 
 
 @dataclasses.dataclass

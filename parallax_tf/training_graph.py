@@ -12,7 +12,6 @@ only and restores them afterwards; nothing stays patched.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 from typing import Callable, Dict, List, Optional
 
@@ -24,72 +23,15 @@ from parallax_tf.errors import ModelError
 from parallax_tf.keras_support import (creating_layer, describe_optimizer, is_legacy_keras_optimizer,
                                        keras_constants_stay_in_the_graph, legacy_keras_optimizer_class,
                                        new_keras_optimizer_class)
-from parallax_tf.graph_walk import VARIABLE_OPS, ancestors, needed_placeholders
+from parallax_tf.graph_walk import ancestors, needed_placeholders
 from parallax_tf.model import Model, RunContext, check_metrics, check_predictions
+from parallax_tf.training_record import Apply, GradientCall, Training
 
 # The collection Model.init_op is recorded in (parallax_tf.model_init runs the initializers in it).
 MODEL_INIT_OPS = "parallax_model_init_ops"
 
 OPTIMIZER_FORM_HELP = ("return parallax_tf.Model(loss=<scalar tensor>, optimizer=<tf.compat.v1.train optimizer>) "
                        "or parallax_tf.Model(loss=<scalar tensor>, train_op=opt.minimize(loss, global_step=...))")
-
-
-@dataclasses.dataclass
-class GradientCall:
-    """One tf.gradients / compute_gradients call: grads[i] = d(sum ys)/d xs[i]."""
-    ys: list
-    grad_ys: object
-    xs: list
-    grads: list
-
-
-@dataclasses.dataclass
-class Apply:
-    """One optimizer.apply_gradients call."""
-    optimizer: object
-    grads_and_vars: list            # (transformed gradient, variable), as the user passed them
-    global_step: object             # the variable it advances, or None
-    op: tf.Operation                # what apply_gradients returned
-    created: set                    # names of the ops it created (updates, slots, non-slot state)
-    own_counter: object = None      # a tf_keras optimizer's `iterations`, which its apply advances
-
-
-@dataclasses.dataclass
-class Training:
-    model: Model
-    loss: tf.Tensor
-    train_op: tf.Operation          # the user's, or minimize() for the optimizer form
-    applies: List[Apply]            # those the train op runs
-    gradient_calls: List[GradientCall]
-    global_step: object             # the variable the train op advances once per step, or None
-    keras_layers: Dict[str, str]    # variable op name -> the tf_keras layer class that made it
-    inputs: input_shard.Scope       # the tf.data pipelines model_fn made, and whether each is sharded
-
-    def raw_gradients(self) -> Dict[str, tuple]:
-        """Applied variable (op name) -> (its raw gradient, the gradient call it came from)."""
-        found = {}
-        for call in self.gradient_calls:
-            for x, grad in zip(call.xs, call.grads):
-                if grad is None:
-                    continue
-                if isinstance(x, tf.Variable):
-                    found[x.op.name] = (grad, call)
-                elif isinstance(x, tf.Tensor) and x.op.type in VARIABLE_OPS:
-                    found[x.op.name] = (grad, call)    # a ref variable's ref (compute_gradients)
-        return found
-
-    def applied(self) -> Dict[str, tuple]:
-        """Applied variable (op name) -> (transformed gradient, variable, Apply)."""
-        return {v.op.name: (g, v, a) for a in self.applies for g, v in a.grads_and_vars if g is not None}
-
-    def created_by_optimizers(self) -> set:
-        return set().union(*(a.created for a in self.applies)) if self.applies else set()
-
-
-def storage(variable) -> tf.Tensor:
-    """The tensor ops use to reach a variable: its resource handle, or a ref variable's ref."""
-    handle = getattr(variable, "handle", None)
-    return handle if handle is not None and handle.dtype == tf.resource else variable.op.outputs[0]
 
 
 class _Recorder:

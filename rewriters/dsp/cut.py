@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from parallax_tf import graph_walk, training_graph
+from parallax_tf import graph_walk, training_record
 from parallax_tf.compat import tensorflow as tf_shim
 
 _GRADIENT_OP = re.compile(r".*gradients(?:_\d+)?/(.+?)_grad/")
@@ -51,7 +51,7 @@ def find(loss: tf.Tensor, parts: Dict[str, list], op_seconds: Dict[str, float]) 
     """`parts`: logical name -> the variables holding it; `op_seconds`: op name -> seconds of one
     captured step (see `op_times`)."""
     forward = graph_walk.ancestors(loss.op, data_only=True)
-    storage = {training_graph.storage(v).name: name for name, variables in parts.items() for v in variables}
+    storage = {training_record.storage(v).name: name for name, variables in parts.items() for v in variables}
     reads = {op: _variables_of(op, storage) for op in forward}
     total_fwd, total_bwd = _seconds(forward, op_seconds)
     points, problems = [], {}

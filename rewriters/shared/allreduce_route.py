@@ -69,10 +69,15 @@ class AllReduceRoute(SyncRoute):
         import horovod.tensorflow as hvd
         if not self.name:
             return hvd.allreduce(grad, op=op)
-        name = f"{self.name}_{var.op.name.replace('/', '_')}"
-        values = hvd.allgather(grad.values, name=f"{name}_values")
-        indices = hvd.allgather(tf.cast(grad.indices, tf.int64), name=f"{name}_indices")
-        return tf.IndexedSlices(values / size if op == hvd.Average else values, indices, grad.dense_shape)
+        return gathered_rows(grad, size, f"{self.name}_{var.op.name.replace('/', '_')}", average=op == hvd.Average)
+
+
+def gathered_rows(grad: tf.IndexedSlices, size: int, name: str, average: bool = True) -> tf.IndexedSlices:
+    """Every rank's rows of a sparse gradient, repeated ids kept (averaged: each divided by the ranks)."""
+    import horovod.tensorflow as hvd
+    values = hvd.allgather(grad.values, name=f"{name}_values")
+    indices = hvd.allgather(tf.cast(grad.indices, tf.int64), name=f"{name}_indices")
+    return tf.IndexedSlices(values / size if average else values, indices, grad.dense_shape)
 
 
 def _sum(values):

@@ -22,6 +22,7 @@ import tensorflow as tf
 from parallax_tf.graph_walk import RESOURCE_READ_OPS, ancestors
 from parallax_tf.strategy import BuildRequest
 from rewriters.shared import ps_packing
+from rewriters.shared.allreduce_route import gathered_rows
 from rewriters.shared.pipeline import SyncRoute
 from rewriters.shared.rebuild import Rebuilt
 from rewriters.shared.step_report import lower_bound_bytes, tensor_bytes
@@ -53,12 +54,15 @@ class PSRoute(SyncRoute):
         self.packs = ps_packing.pack_pulls(self.rebuilt.distinct_lookups, {
             p.variable.op.name: p.variable for e in self.entries for p in self.rebuilt.parts[e.name]})
         pack_of = {name: pack for pack in self.packs for name in pack.names} if not local_agg else {}
-        pending, push_bytes, packed_pushes = [], [], {}
+        pending, push_bytes, packed_pushes, each_row = [], [], {}, []
         for entry in self.entries:
             for part, grad in zip(self.rebuilt.parts[entry.name], self.rebuilt.grads[entry.name]):
                 if grad is None:
                     continue
                 var = part.variable
+                if entry.params.get("rows") == "each" and isinstance(grad, tf.IndexedSlices):
+                    each_row.append((grad, var))       # gathered to rank 0 below, repeated ids kept
+                    continue
                 grad = self._combined(var, grad)
                 target = _accumulator(var, grad, var.op.name + "/parallax_grad", var.device)
                 if var.op.name in pack_of:      # pushed below, with the rest of its server's
@@ -75,17 +79,32 @@ class PSRoute(SyncRoute):
                 push = _push(target, tf.IndexedSlices(on_server[var.op.name], ids), var, var.device)
                 pending.append((target, grad, var, push))
         self.pushes = [push for _, _, _, push in pending]
-        self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
         self.bytes["ps_pull"] = self._pull_bytes()
+        gathered = self._gathered(each_row, push_bytes)
+        # every rank takes part in the gathers: on the others they are step targets, as pushes are
+        self.pushes += [part.op for grad in gathered.values() for part in (grad.values, grad.indices)]
+        self.bytes["ps_push"] = tf.add_n(push_bytes) if push_bytes else tf.constant(0, tf.int64)
         if not topo.is_chief:
             return {}
-        averaged = {}
+        averaged = dict(gathered)
         for acc, grad, var, push in pending:
             # next to the variable, so the summed gradient never leaves its server; after this
             # rank's own push into that accumulator (a wait on every push would cross servers)
             with tf.device(var.device), tf.control_dependencies([push]):
                 averaged[var.op.name] = _scale(_take(acc, grad, num_required), 1.0 / topo.size)
         return averaged
+
+    def _gathered(self, each_row, push_bytes: list) -> dict:
+        """Variable op name -> every rank's rows of its gradient, averaged, repeated ids kept
+        (every rank takes part; rank 0 applies them next to the variable)."""
+        found = {}
+        with tf.device(self.topo.worker_device):
+            for grad, var in each_row:
+                self.lower_bound.append(lower_bound_bytes(grad, var, self.topo.size, len(self.topo.ranks_per_host)))
+                push_bytes.append(tensor_bytes(grad) * (self.topo.size - 1))
+                found[var.op.name] = gathered_rows(grad, self.topo.size, f"parallax_rows_{var.op.name.replace('/', '_')}") \
+                    if self.topo.size > 1 else grad
+        return found
 
     def _combined(self, var, grad):
         """This rank's gradient with one row per distinct id (on the worker); also counts its

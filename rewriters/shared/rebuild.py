@@ -8,7 +8,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import dynamic, training_graph
+from parallax_tf import dynamic
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
@@ -29,7 +29,7 @@ class DistinctLookup:
 
 @dataclasses.dataclass
 class Rebuilt:
-    training: object                            # training_graph.Training of this rank's graph
+    training: object                            # training_record.Training of this rank's graph
     parts: Dict[str, List[Part]]                # logical name -> its pieces (trainable variables)
     grads: Dict[str, list]                      # logical name -> this rank's own raw gradient per part
                                                 # (None where the train op does not update it)
@@ -116,8 +116,8 @@ def _build_placed(request: BuildRequest, on_servers, on_ranks: dict, step_on_ser
     with contextlib.ExitStack() as stack:
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
-        return training_graph.build(request.model_fn, request.ctx, variable_hook=create_variable,
-                                    shard=request.shard_input, input_decisions=request.plan.inputs)
+        return request.front_end.build(request.ctx, variable_hook=create_variable, shard=request.shard_input,
+                                       input_decisions=request.plan.inputs)
 
 
 def _own_rows_and_gradients(request, training, parts, pulled: set, sparse_on_ps: set, on_ranks: dict) -> Rebuilt:

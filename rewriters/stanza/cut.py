@@ -22,7 +22,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from parallax_tf import graph_walk, training_graph
+from parallax_tf import graph_walk, training_record
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from rewriters.stanza.split import CutTensor
@@ -75,8 +75,8 @@ def find_head(loss: tf.Tensor, parts: Dict[str, list], kinds: Dict[str, str], st
     if not extractor_vars:
         raise LayerCutError("every trained layer is in the FC head (the model is fully connected from its input "
                             "on): conv nodes would have nothing to train; use --strategy hybrid")
-    storage = {training_graph.storage(v).name for name in head_vars for v in parts[name]}
-    extractor_storage = {training_graph.storage(v).name for name in extractor_vars for v in parts[name]}
+    storage = {training_record.storage(v).name for name in head_vars for v in parts[name]}
+    extractor_storage = {training_record.storage(v).name for name in extractor_vars for v in parts[name]}
     cut = _cut_tensors(head_ops, forward, extractor_storage, storage)
     if not any(t.kind == ACTIVATION for t in cut):
         raise LayerCutError("no activation crosses from the feature extractor into the FC head; the layers "
@@ -87,7 +87,7 @@ def find_head(loss: tf.Tensor, parts: Dict[str, list], kinds: Dict[str, str], st
 
 def _uses(variable) -> set:
     """Ops that read the variable's value (through its read ops)."""
-    return set(graph_walk.users(training_graph.storage(variable), graph_walk.VALUE_READ_OPS))
+    return set(graph_walk.users(training_record.storage(variable), graph_walk.VALUE_READ_OPS))
 
 
 def _cut_tensors(head_ops: set, forward: set, extractor_storage: set, head_storage: set) -> List[CutTensor]:
@@ -155,7 +155,7 @@ def _describe(tensor, kind: str, consumer) -> CutTensor:
 
 def _written_inside(variable, head_ops: set, train_op) -> bool:
     """Whether the train op updates this state from values the head computes."""
-    target = training_graph.storage(variable).name
+    target = training_record.storage(variable).name
     for op in graph_walk.ancestors(train_op):
         if op.type.startswith(("Assign", "ResourceScatter", "Scatter")) and op.inputs and op.inputs[0].name == target:
             if graph_walk.ancestors(op, data_only=True) & head_ops:

@@ -1,0 +1,77 @@
+"""The TF2 front end: `ptf.run(train_step, dataset)`.
+
+The script's own training step (a tf.function or a Python function computing the loss under
+tf.GradientTape and applying the gradients with a Keras 3, tf_keras or tf.compat.v1.train
+optimizer, or by hand) is traced once (trace.py) and imported, as the toolkit's training
+record, into every graph the pipeline builds (graph.py): inspection, planning, the strategy's
+rewrite and the runtime are the ones a model_fn goes through. The dataset yields the
+single-device script's batches; each step trains on one, split over the data ranks (data.py).
+After the run, the script's own variables hold the trained values on every rank."""
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from parallax_tf.errors import ConfigError
+from parallax_tf.model import RunContext
+from parallax_tf.tf2.data import StepInputs, element_count
+from parallax_tf.tf2.graph import Converter
+from parallax_tf.tf2.naming import VariableNames
+from parallax_tf.tf2.trace import trace
+from parallax_tf.training_record import Training
+
+
+def is_dataset(value) -> bool:
+    return isinstance(value, tf.data.Dataset)
+
+
+class StepFrontEnd:
+    """A TF2 step and its dataset as the pipeline's front end (parallax_tf.front_end)."""
+
+    dialect = "a TF2 training step"
+    writes_back = True          # Result.variables holds every piece of state (slots too): write_back reads them
+
+    def __init__(self, step, dataset):
+        if not callable(step):
+            raise ConfigError(f"ptf.run(train_step, dataset): train_step is a {type(step).__name__}, not a function")
+        self.step, self.dataset = step, dataset
+        self._converter: Optional[Converter] = None
+
+    def steps(self, given: Optional[int]) -> int:
+        """The run's steps: `given`, or one pass over the dataset."""
+        if given is not None:
+            return given
+        count = element_count(self.dataset)
+        if count is None:
+            raise ConfigError("the dataset is infinite: give ptf.run(train_step, dataset, steps=N)")
+        if count < 1:
+            raise ConfigError("the dataset holds no element to train on")
+        return count
+
+    @property
+    def converter(self) -> Converter:
+        if self._converter is None:
+            traced = trace(self.step, self.dataset.element_spec)
+            names = VariableNames(self.step, _captured_variables(traced))
+            self._converter = Converter(traced, self.dataset.element_spec, names)
+        return self._converter
+
+    def input_fn(self) -> StepInputs:
+        return StepInputs(self.dataset, self.converter.inputs)
+
+    def build(self, ctx: RunContext, variable_hook=None, shard: bool = True, input_decisions=None) -> Training:
+        return self.converter.build(ctx, variable_hook)
+
+    def write_back(self, variables: dict) -> None:
+        """The script's variables take the trained values (by their single-device names)."""
+        converter = self.converter
+        for variable in converter.found.variables.values():
+            name = converter.names.of(variable, converter.slot_owner.get(id(variable)))
+            if name in variables:
+                variable.assign(variables[name])
+
+
+def _captured_variables(traced) -> list:
+    by_handle = {id(v.handle): v for v in traced.graph.variables}
+    return [by_handle[id(external)] for external, _ in traced.graph.captures if id(external) in by_handle]

@@ -1,0 +1,348 @@
+"""A traced TF2 step as the toolkit's training record, in the current (tf.compat.v1) graph.
+
+The trace's graph is imported into the graph being built (inspection's, or a rank's rewrite),
+with its inputs fed by placeholders and every variable it captured replaced by one made here
+through the rewriter's variable hook, so the plan places it as it places a model_fn's
+variables. What the trace recorded becomes the same `training_record.Training` a model_fn's
+build records: the tape's target as the loss its gradients come from, the tape's gradients as
+the raw gradients, each optimizer apply's ops (or, for a hand-written update, the ops between a
+gradient and its variable's write) as an apply, and the variables an apply writes next to one
+trainable variable, of its shape, as that variable's slots.
+
+Each rank's share of a global batch may be uneven (a short last batch): the loss's gradient is
+taken with its share as `grad_ys` (rows here x data ranks / rows in the global batch), and the
+reported loss and metrics are scaled by it, so the mean over ranks is the single-device figure
+of a loss that is a mean over the batch's examples."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax_tf import graph_walk, input_shard
+from parallax_tf.errors import ModelError
+from parallax_tf.model import Model, RunContext, check_metrics
+from parallax_tf.tf2.naming import VariableNames
+from parallax_tf.tf2.trace import Trace
+from parallax_tf.training_record import Apply, GradientCall, Training
+
+SHARE = "parallax_tf2_share"        # placeholder: this rank's share of the global batch's mean
+IMPORTED = "step"                   # the name scope the trace's ops are imported under
+
+
+@dataclasses.dataclass
+class _Captured:
+    """What the traced graph captured from outside: variables (by the placeholder standing for
+    each) and other eager values (constants)."""
+    variables: Dict[str, tf.Variable]      # internal placeholder op name -> the eager variable
+    constants: Dict[str, np.ndarray]
+
+
+def captured(trace: Trace) -> _Captured:
+    by_handle = {id(v.handle): v for v in trace.graph.variables}
+    variables, constants = {}, {}
+    for external, internal in trace.graph.captures:
+        variable = by_handle.get(id(external))
+        if variable is not None:
+            variables[internal.op.name] = variable
+        elif external.dtype == tf.resource:
+            raise ModelError(f"the training step uses a resource that is not a variable ({internal.op.name}: a lookup "
+                             "table, an iterator, ...); build it inside the step or read the dataset's element instead")
+        else:
+            constants[internal.op.name] = external.numpy()
+    return _Captured(variables, constants)
+
+
+def input_names(trace: Trace, element_spec) -> List[str]:
+    """The placeholder name of each of the element's flat tensors: its path in the element."""
+    paths = [p for p, _ in _flatten_with_paths(element_spec)]
+    if len(paths) != len(trace.inputs):
+        raise ModelError(f"the training step takes {len(trace.inputs)} tensor(s), the dataset's element holds "
+                         f"{len(paths)}; the step is called with a tuple element's items as its arguments, or with "
+                         "a dict element as its one argument")
+    return ["input_" + "_".join(str(part) for part in path) if path else "input" for path in paths]
+
+
+def _flatten_with_paths(structure, path=()):
+    if isinstance(structure, dict):
+        return [item for key in sorted(structure) for item in _flatten_with_paths(structure[key], path + (key,))]
+    if isinstance(structure, (tuple, list)):
+        return [item for i, value in enumerate(structure) for item in _flatten_with_paths(value, path + (i,))]
+    return [(path, structure)]
+
+
+class _Writes:
+    """The traced graph's variable writes, by the variable they write."""
+
+    def __init__(self, trace: Trace, variables: Dict[str, tf.Variable]):
+        self.by_variable: Dict[int, List[tf.Operation]] = {}
+        for op in trace.graph.get_operations():
+            if _writes(op) and op.inputs:
+                source = graph_walk.feeding_op(op.inputs[0], graph_walk.HANDLE_PASS_THROUGH_OPS)
+                variable = variables.get(source.name)
+                if variable is not None:
+                    self.by_variable.setdefault(id(variable), []).append(op)
+
+    def of(self, variable) -> List[tf.Operation]:
+        return self.by_variable.get(id(variable), [])
+
+
+def _writes(op) -> bool:
+    return op.type in graph_walk.WRITE_OPS or op.type.startswith(("ResourceApply", "ResourceSparseApply"))
+
+
+@dataclasses.dataclass
+class _Update:
+    """One apply of the traced step, in the trace's own ops."""
+    optimizer: object                 # None: a hand-written update
+    pairs: list                       # (gradient in the trace, eager variable)
+    ops: List[tf.Operation]           # what it made (the optimizer's ops, or the write's own chain)
+    counter: Optional[tf.Variable] = None
+
+
+def updates(trace: Trace, found: _Captured, writes: _Writes) -> List[_Update]:
+    """Every apply of the step: the recorded optimizer calls, and for each trainable variable that
+    is written but by none of them, a hand-written update from its tape gradient."""
+    found_updates, applied = [], set()
+    for call in trace.optimizer_calls:
+        pairs = [(g, v) for g, v in call.grads_and_vars if g is not None and v is not None]
+        variables = [_tf_variable(v) for _, v in pairs]
+        found_updates.append(_Update(call.optimizer, [(g, v) for (g, _), v in zip(pairs, variables)], list(call.ops),
+                                     _counter(call.optimizer)))
+        applied.update(id(v) for v in variables)
+    raw = _tape_gradients(trace)
+    for variable_id, (grad, variable) in raw.items():
+        if variable_id in applied or not writes.of(variable):
+            continue
+        grad_ops = {t.op for t in _components(grad)}
+        chain = set()
+        for write in writes.of(variable):
+            above = graph_walk.ancestors(write) | {write}
+            chain |= {op for op in above if op in graph_walk.descendants(grad_ops) or op is write}
+        found_updates.append(_Update(None, [(grad, variable)], sorted(chain, key=lambda op: op.name)))
+    return found_updates
+
+
+def _tf_variable(variable):
+    """The tf.Variable behind a Keras 3 variable (its `value`), or the variable itself."""
+    inner = getattr(variable, "value", None)
+    return inner if isinstance(inner, tf.Variable) and not isinstance(variable, tf.Variable) else variable
+
+
+def _counter(optimizer) -> Optional[tf.Variable]:
+    iterations = getattr(optimizer, "iterations", None)
+    return _tf_variable(iterations) if iterations is not None else None
+
+
+def _components(grad) -> list:
+    if isinstance(grad, tf.IndexedSlices):
+        return [t for t in (grad.values, grad.indices, grad.dense_shape) if t is not None]
+    return [grad] if grad is not None else []
+
+
+def _tape_gradients(trace: Trace) -> Dict[int, tuple]:
+    """id(variable) -> (its gradient in the trace, the variable), from the tape calls."""
+    found = {}
+    for call in trace.tape_calls:
+        for source, grad in zip(call.sources, call.grads):
+            variable = _tf_variable(source)
+            if grad is not None and isinstance(variable, tf.Variable):
+                found[id(variable)] = (grad, variable)
+    return found
+
+
+def slots(trace_updates: List[_Update], writes: _Writes, found: _Captured) -> Dict[int, tf.Variable]:
+    """id(slot variable) -> the trainable variable it belongs to: a non-trainable variable an
+    apply writes from one variable's gradient alone, of that variable's shape."""
+    owners = {}
+    for update in trace_updates:
+        if update.optimizer is None:
+            continue
+        made = set(update.ops)
+        for variable in found.variables.values():
+            if variable.trainable or not any(w in made for w in writes.of(variable)):
+                continue
+            reached = [v for g, v in update.pairs
+                       if any(_reaches(g, w) for w in writes.of(variable) if w in made)]
+            if len(reached) == 1 and reached[0].shape == variable.shape:
+                owners[id(variable)] = reached[0]
+    return owners
+
+
+# What a sparse gradient's rows may pass through in an apply that adds repeated rows up: scaling
+# by what does not depend on them, and the ops that sum rows into a variable or a dense tensor.
+_ROW_SCALING = frozenset({"Identity", "Cast", "Neg", "Mul", "RealDiv", "Div", "Reshape", "ExpandDims", "Squeeze"})
+_ROW_SUMS = frozenset({"UnsortedSegmentSum", "ResourceScatterAdd", "ResourceScatterSub", "ScatterNd",
+                       "TensorScatterAdd", "TensorScatterSub"})
+
+
+def rows_each(trace_updates: List[_Update]) -> set:
+    """id(variable) of each sparse variable whose apply does something else with its gradient's
+    rows than scale and sum them (Keras 3's Adam and Adagrad square each row): summed per id
+    before the apply, repeated ids would change what it computes."""
+    found = set()
+    for update in trace_updates:
+        made = set(update.ops)
+        for grad, variable in update.pairs:
+            if isinstance(grad, tf.IndexedSlices) and not _adds_rows_up(grad.values, made):
+                found.add(id(variable))
+    return found
+
+
+def _adds_rows_up(values, within: set) -> bool:
+    frontier, seen = [values], set()
+    while frontier:
+        tensor = frontier.pop()
+        for consumer in tensor.consumers():
+            if consumer not in within or consumer in seen:
+                continue
+            seen.add(consumer)
+            if consumer.type in _ROW_SUMS:
+                continue
+            if consumer.type not in _ROW_SCALING:
+                return False
+            if consumer.type in ("Mul", "RealDiv", "Div") and all(_depends_on(i, values) for i in consumer.inputs):
+                return False
+            frontier.extend(consumer.outputs)
+    return True
+
+
+def _depends_on(tensor, source) -> bool:
+    return tensor is source or source.op in graph_walk.ancestors(tensor.op) | {tensor.op}
+
+
+def _reaches(grad, op) -> bool:
+    above = graph_walk.ancestors(op)
+    return any(t.op in above for t in _components(grad))
+
+
+class Converter:
+    """The trace, ready to be imported into a graph as many times as the toolkit builds one."""
+
+    def __init__(self, trace: Trace, element_spec, names: VariableNames):
+        self.trace = trace
+        self.found = captured(trace)
+        self.writes = _Writes(trace, self.found.variables)
+        self.updates = updates(trace, self.found, self.writes)
+        self.slot_owner = slots(self.updates, self.writes, self.found)
+        self.rows_each = rows_each(self.updates)
+        self.inputs = input_names(trace, element_spec)
+        self.names = names
+        self.graph_def = trace.graph.as_graph_def()
+        # the values the step starts from, read eagerly once (a build runs in graph mode)
+        self.values = {id(v): v.numpy() for v in self.found.variables.values()}
+
+    def build(self, ctx: RunContext, variable_hook=None) -> Training:
+        """The step in the current default graph: its variables made through `variable_hook`
+        (next_creator, kwargs, in_apply), as a model_fn's are, and its training record."""
+        made = self._variables(variable_hook)
+        placeholders = {name: tf.compat.v1.placeholder(t.dtype, t.shape, name=name)
+                        for name, t in zip(self.inputs, self.trace.inputs)}
+        share = tf.compat.v1.placeholder_with_default(tf.constant(1.0), [], name=SHARE)
+        input_map = {f"{t.op.name}:0": placeholders[name] for name, t in zip(self.inputs, self.trace.inputs)}
+        input_map.update({f"{op}:0": made[id(v)].handle for op, v in self.found.variables.items()})
+        input_map.update({f"{op}:0": tf.constant(value) for op, value in self.found.constants.items()})
+        tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
+        return self._record(made, share, ctx)
+
+    def _variables(self, variable_hook) -> Dict[int, tf.Variable]:
+        """Every captured variable made anew (slots inside their variable's apply, next to it)."""
+        made: Dict[int, tf.Variable] = {}
+        ordered = sorted(self.found.variables.values(), key=lambda v: id(v) in self.slot_owner)
+        for variable in ordered:
+            owner = self.slot_owner.get(id(variable))
+            name = self.names.of(variable, owner)
+            kwargs = dict(initial_value=self.values[id(variable)], trainable=variable.trainable, name=name,
+                          dtype=variable.dtype, use_resource=True)
+
+            def creator(next_creator, **given):
+                if variable_hook is None:
+                    return next_creator(**given)
+                return variable_hook(next_creator, given, in_apply=owner is not None)
+            with tf.variable_creator_scope(creator):
+                if owner is not None:
+                    with tf.compat.v1.colocate_with(made[id(owner)].op):
+                        made[id(variable)] = tf.Variable(**kwargs)
+                else:
+                    made[id(variable)] = tf.Variable(**kwargs)
+        return made
+
+    def _record(self, made: Dict[int, tf.Variable], share, ctx) -> Training:
+        graph = tf.compat.v1.get_default_graph()
+
+        def here(tensor):
+            return graph.get_tensor_by_name(f"{IMPORTED}/{tensor.name}")
+
+        def here_op(op):
+            return graph.get_operation_by_name(f"{IMPORTED}/{op.name}")
+
+        def gradient(grad):
+            if isinstance(grad, tf.IndexedSlices):
+                return tf.IndexedSlices(here(grad.values), here(grad.indices),
+                                        here(grad.dense_shape) if grad.dense_shape is not None else None)
+            return here(grad)
+
+        calls = []
+        for call in self.trace.tape_calls:
+            kept = [(made[id(_tf_variable(s))], gradient(g)) for s, g in zip(call.sources, call.grads)
+                    if g is not None and id(_tf_variable(s)) in made]
+            targets = [here(_without_control_identity(t)) for t in call.targets]
+            grad_ys = [share * tf.ones_like(t) for t in targets] if call.output_gradients is None else \
+                [share * here(t) for t in call.output_gradients]
+            calls.append(GradientCall(targets, grad_ys, [v for v, _ in kept], [g for _, g in kept]))
+        applies = []
+        for update in self.updates:
+            created = {f"{IMPORTED}/{op.name}" for op in update.ops}
+            slots: Dict[str, Dict[str, tf.Variable]] = {}
+            for variable in self.found.variables.values():
+                owner = self.slot_owner.get(id(variable))
+                if owner is not None and any(owner is v for _, v in update.pairs):
+                    slot = made[id(variable)]
+                    created.add(slot.op.name)
+                    slots.setdefault(made[id(owner)].op.name, {})[slot.op.name.rsplit("/", 1)[-1]] = slot
+            writes = [here_op(op) for op in update.ops if _writes(op)]
+            pairs = [(gradient(g), made[id(v)]) for g, v in update.pairs]
+            counter = made.get(id(update.counter)) if update.counter is not None else None
+            applies.append(Apply(TracedOptimizer(update.optimizer, slots), pairs, None, tf.group(*writes), created,
+                                 counter))
+        outputs = {name: here(_without_control_identity(t)) for name, t in self.trace.outputs.items()}
+        loss = tf.cast(outputs.pop("loss"), tf.float32) * share
+        metrics = {name: tf.cast(value, tf.float32) * share for name, value in outputs.items()}
+        check_metrics(metrics)
+        stateful = [here_op(op) for op in self.trace.graph.control_outputs]
+        train_op = tf.group(*stateful, *[a.op for a in applies])
+        model = Model(loss=loss, train_op=train_op, metrics=metrics or None)
+        # An optimizer's own counter stays its own (every rank advances its copy, as every rank
+        # reads it in its updates); the toolkit counts the job's steps with a step of its own.
+        return Training(model=model, loss=loss, train_op=train_op, applies=applies, gradient_calls=calls,
+                        global_step=None, keras_layers={},
+                        inputs=input_shard.Scope(ctx, False),
+                        rows_each={made[i].op.name for i in self.rows_each if i in made})
+
+
+class TracedOptimizer:
+    """An apply of the traced step as the later stages ask an optimizer about it: its slots
+    (tf.compat.v1.train.Optimizer's get_slot_names / get_slot) and what the step used."""
+
+    def __init__(self, used, slots: Dict[str, Dict[str, tf.Variable]]):
+        self.used = used                  # the step's optimizer, or None for a hand-written update
+        self.slots = slots               # variable op name -> slot name -> slot variable
+
+    @property
+    def name(self) -> str:
+        return type(self.used).__name__ if self.used is not None else "a hand-written update"
+
+    def get_slot_names(self) -> List[str]:
+        return sorted({name for slots in self.slots.values() for name in slots})
+
+    def get_slot(self, variable, name: str):
+        return self.slots.get(variable.op.name, {}).get(name)
+
+
+def _without_control_identity(tensor):
+    """A traced output without the Identity that makes it wait for the step's stateful ops."""
+    while tensor.op.type == "Identity" and tensor.op.control_inputs:
+        tensor = tensor.op.inputs[0]
+    return tensor
