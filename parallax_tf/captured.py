@@ -59,3 +59,5 @@ class Capture:
     dynamic_tables: List[Dict[str, object]] = dataclasses.field(default_factory=list)
     # the tf.data pipelines model_fn builds, in the order it makes them: sharded or read as built
     inputs: List[InputDecision] = dataclasses.field(default_factory=list)
+    dialect: str = "a model_fn"            # the front end's (parallax_tf.front_end)
+    traced: bool = False                   # a traced TF2 step: only some strategies can rewrite it

@@ -19,6 +19,7 @@ from parallax_tf.training_record import Training
 
 class FrontEnd(Protocol):
     dialect: str        # what the user gave, for messages ("a model_fn", "a TF2 training step")
+    traced: bool        # a traced step imported into each graph (only some strategies rewrite it)
 
     def build(self, ctx: RunContext, variable_hook=None, shard: bool = True,
               input_decisions: Optional[List[InputDecision]] = None) -> Training:
@@ -31,6 +32,7 @@ class ModelFn:
     """A tf.compat.v1 model_fn(ctx) returning ptf.Model."""
 
     dialect = "a model_fn"
+    traced = False
 
     def __init__(self, model_fn: Callable):
         self.model_fn = model_fn

@@ -103,7 +103,8 @@ def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
         measured = {measure.name: measure.measure(view) for measure in measures}
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,
-                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies), inputs)
+                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies), inputs,
+                   front_end.dialect, front_end.traced)
 
 
 def _build(front_end, ctx: RunContext, seed: int, shard_input: bool):

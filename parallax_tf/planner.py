@@ -32,6 +32,10 @@ def make_plan(request: PlanRequest) -> Plan:
         able = [n for n in strategy_lib.names() if strategy_lib.get(n).carries_dynamic_tables]
         raise ConfigError(f"--strategy={request.strategy} cannot train dynamic tables "
                           f"({', '.join(t['name'] for t in capture.dynamic_tables)}); use one of {', '.join(able)}")
+    if capture.traced and not chosen.trains_traced_steps:
+        able = [n for n in strategy_lib.names() if strategy_lib.get(n).trains_traced_steps]
+        raise ConfigError(f"--strategy={request.strategy} cannot train {capture.dialect} yet (it rewrites a model_fn's "
+                          f"graph in its own way); use one of {', '.join(able)}, or write the model as a model_fn")
     decided = chosen.decide(request)
     if decided.plan is not None:        # the rule chose another strategy's whole plan
         return decided.plan

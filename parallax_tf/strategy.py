@@ -145,6 +145,9 @@ class Strategy:
     # its step trains dynamic tables (parallax_tf.dynamic): the synchronous step does
     # (rewriters/shared/dynamic_step.py); a strategy without it refuses a model that has them
     carries_dynamic_tables: bool = False
+    # its rewrite takes a traced TF2 step (parallax_tf.tf2): its step is the synchronous one over
+    # the model's own applies; a strategy without it refuses such a model
+    trains_traced_steps: bool = False
     # the type of its own plan data (Plan.section): a dataclass with lines() (what the plan's
     # table shows of it) and from_dict() (its JSON back); None: it has none
     Section: Optional[type] = None

@@ -1,4 +1,5 @@
-"""ptf.fit: a tf_keras compile/fit script on many ranks.
+"""ptf.fit: a Keras compile/fit script on many ranks. A Keras 3 model trains through the TF2
+front end (keras3.py); a tf_keras one as follows.
 
 The compiled model is rebuilt inside the toolkit's model_fn from its config, every variable
 starting from the eager model's own value (spec); compile's optimizer becomes the legacy one
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ConfigError
+from parallax_tf.fit import keras3
 from parallax_tf.fit.data import (ArrayBatches, DatasetBatches, as_batch, keras_arguments, split_off_validation,
                                   with_class_weights)
 from parallax_tf.fit.epochs import EpochEnds, check_callbacks
@@ -27,8 +30,8 @@ REFUSED = {"validation_freq": "ptf.fit validates after every epoch",
 def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
         validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
         steps_per_epoch=None, validation_steps=None, validation_batch_size=None, seed: int = 0, **options):
-    """Trains a compiled tf_keras model (or a function returning one) as `model.fit` would on
-    one device, on every rank of the job, and returns a tf_keras History whose `model` holds
+    """Trains a compiled Keras 3 or tf_keras model (or a function returning one) as `model.fit`
+    would on one device, on every rank of the job, and returns a tf_keras History whose `model` holds
     the trained weights on every rank, whose `plan` is the run's plan and whose `rank` and `size`
     say which rank of how many this process is. Arguments mean what
     they mean to tf_keras.Model.fit; `batch_size` is the global batch; with shuffle, epoch e's
@@ -36,10 +39,21 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     parallax_tf.run's options (strategy, ckpt_dir, ...)."""
     import tf_keras
     from parallax_tf.api import run
+    arguments = dict(x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                     validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+                     class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+                     steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                     validation_batch_size=validation_batch_size, seed=seed, **options)
+    built, counters = None, None
+    if not keras3.is_keras3_model(model) and not isinstance(model, tf_keras.Model) and callable(model):
+        counters = keras_shim.layer_name_counters()
+        built = model()
+    if keras3.is_keras3_model(built if built is not None else model):
+        return keras3.fit(built if built is not None else model, **arguments)
     refused = sorted(k for k in options if k in REFUSED)
     if refused:
         raise ConfigError(f"ptf.fit does not take {refused[0]}: {REFUSED[refused[0]]}")
-    spec = KerasSpec(model)
+    spec = KerasSpec(model, built, counters)
     spec.adopt(_first_inputs(x))
     data, held_out = _training_data(spec, x, y, batch_size, shuffle, class_weight, sample_weight, steps_per_epoch,
                                     seed + initial_epoch, validation_split)

@@ -16,15 +16,16 @@ from parallax_tf.errors import ConfigError, ModelError
 class KerasSpec:
     """A compiled tf_keras model (or a function returning one) read once, eagerly."""
 
-    def __init__(self, model):
+    def __init__(self, model, built=None, name_counters: Optional[dict] = None):
+        """`model`: a compiled model or a function building one; `built`: what that function
+        already returned, and `name_counters` tf_keras' layer-name counters before it ran."""
         import tf_keras
         self.builder: Optional[Callable] = None
-        _refuse_keras_3(model)
-        self._name_counters: dict = {}     # tf_keras' layer names before the function built the model
+        self._name_counters: dict = name_counters or {}     # tf_keras' layer names before the function built it
         if not isinstance(model, tf_keras.Model) and callable(model):
-            self._name_counters = keras_shim.layer_name_counters()
-            self.builder, model = model, model()
-            _refuse_keras_3(model)
+            if built is None:
+                self._name_counters = keras_shim.layer_name_counters()
+            self.builder, model = model, (built if built is not None else model())
         if not isinstance(model, tf_keras.Model):
             raise ModelError(f"ptf.fit takes a compiled tf_keras model or a function returning one; got "
                              f"{type(model).__name__}")
@@ -137,15 +138,6 @@ class KerasSpec:
         for every instance: the rebuild in the toolkit's graph left the eager model's classes
         on the v1 ones, whose evaluate, predict and save are the graph-mode ones."""
         keras_shim.classes_on_v2_bases(self.model)
-
-
-def _refuse_keras_3(model) -> None:
-    module = type(model).__module__
-    if module == "keras" or module.startswith("keras."):
-        raise ModelError(f"ptf.fit got a Keras 3 model ({module}.{type(model).__name__}; the `keras` package, and "
-                         "tf.keras where TensorFlow was imported before parallax_tf or TF_USE_LEGACY_KERAS is off); "
-                         "ptf.fit trains tf_keras (Keras 2) models: build it with `import tf_keras`, or with tf.keras "
-                         "and parallax_tf imported before TensorFlow")
 
 
 def eagerly():

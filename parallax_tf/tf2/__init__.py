@@ -30,6 +30,7 @@ class StepFrontEnd:
     """A TF2 step and its dataset as the pipeline's front end (parallax_tf.front_end)."""
 
     dialect = "a TF2 training step"
+    traced = True
     writes_back = True          # Result.variables holds every piece of state (slots too): write_back reads them
 
     def __init__(self, step, dataset):

@@ -201,6 +201,9 @@ def _adds_rows_up(values, within: set) -> bool:
             seen.add(consumer)
             if consumer.type in _ROW_SUMS:
                 continue
+            if consumer.type == "IdentityN":
+                frontier.extend(out for out, given in zip(consumer.outputs, consumer.inputs) if given is tensor)
+                continue
             if consumer.type not in _ROW_SCALING:
                 return False
             if consumer.type in ("Mul", "RealDiv", "Div") and all(_depends_on(i, values) for i in consumer.inputs):
@@ -210,12 +213,38 @@ def _adds_rows_up(values, within: set) -> bool:
 
 
 def _depends_on(tensor, source) -> bool:
-    return tensor is source or source.op in graph_walk.ancestors(tensor.op) | {tensor.op}
+    return tensor is source or source.name in _data_sources(tensor.op)
 
 
 def _reaches(grad, op) -> bool:
-    above = graph_walk.ancestors(op)
-    return any(t.op in above for t in _components(grad))
+    sources = _data_sources(op)
+    return any(t.name in sources for t in _components(grad))
+
+
+def _data_sources(op) -> set:
+    """The names of every tensor `op`'s data inputs are computed from (not through the step's
+    order of stateful ops); an IdentityN passes each input to its own output only."""
+    found, frontier = set(), list(op.inputs)
+    while frontier:
+        tensor = frontier.pop()
+        if tensor.name in found:
+            continue
+        found.add(tensor.name)
+        source = tensor.op
+        frontier.extend([source.inputs[tensor.value_index]] if source.type == "IdentityN" else source.inputs)
+    return found
+
+
+def untie_identity_n(graph_def) -> None:
+    """An IdentityN over every gradient (Keras 3's sum over the default strategy's one replica)
+    ties each gradient to all the others in a walk of the graph: its consumers read its inputs
+    instead, each the one gradient it passes on."""
+    passes = {node.name: list(node.input) for node in graph_def.node if node.op == "IdentityN"}
+    for node in graph_def.node:
+        for i, name in enumerate(node.input):
+            source, _, index = name.partition(":")
+            if source in passes and not name.startswith("^"):
+                node.input[i] = passes[source][int(index or 0)]
 
 
 class Converter:
@@ -231,6 +260,7 @@ class Converter:
         self.inputs = input_names(trace, element_spec)
         self.names = names
         self.graph_def = trace.graph.as_graph_def()
+        untie_identity_n(self.graph_def)
         # the values the step starts from, read eagerly once (a build runs in graph mode)
         self.values = {id(v): v.numpy() for v in self.found.variables.values()}
 
@@ -296,8 +326,11 @@ class Converter:
         for update in self.updates:
             created = {f"{IMPORTED}/{op.name}" for op in update.ops}
             slots: Dict[str, Dict[str, tf.Variable]] = {}
+            made_ops = set(update.ops)
             for variable in self.found.variables.values():
                 owner = self.slot_owner.get(id(variable))
+                if not variable.trainable and any(w in made_ops for w in self.writes.of(variable)):
+                    created.add(made[id(variable)].op.name)     # the optimizer's state, not the model's
                 if owner is not None and any(owner is v for _, v in update.pairs):
                     slot = made[id(variable)]
                     created.add(slot.op.name)

@@ -13,6 +13,7 @@ from rewriters.shared.sync import assemble
 class Hybrid(strategy.Strategy):
     name = "hybrid"
     carries_dynamic_tables = True
+    trains_traced_steps = True
     time_compute = True      # the cost model picks each sparse variable's shard count
     routes = (ROUTE_PS, ROUTE_ALLREDUCE)
 

@@ -20,6 +20,7 @@ class AutoOptions:
 
 class Auto(strategy.Strategy):
     carries_dynamic_tables = True
+    trains_traced_steps = True
     name = "auto"
     Options = AutoOptions
     time_compute = True
