@@ -56,7 +56,7 @@ def run(model_fn: Callable, input_fn=None, steps: Optional[int] = None,
         step = tf2.StepFrontEnd(model_fn, input_fn)
         result = _run(step, step.input_fn(), steps, hooks, options)
         if result.variables:
-            step.write_back(result.variables)
+            step.write_back(result)
         return result
 
 

@@ -64,13 +64,22 @@ class StepFrontEnd:
     def build(self, ctx: RunContext, variable_hook=None, shard: bool = True, input_decisions=None) -> Training:
         return self.converter.build(ctx, variable_hook)
 
-    def write_back(self, variables: dict) -> None:
-        """The script's variables take the trained values (by their single-device names)."""
-        converter = self.converter
+    def write_back(self, result) -> None:
+        """The script's variables take the trained values (by their single-device names). State
+        every rank updates from its own batch reads as its mean over ranks; a variable that says
+        its copies add up (tf.VariableAggregation.SUM: a Keras metric's total and count) takes
+        their sum."""
+        converter, plan = self.converter, result.plan.by_name()
         for variable in converter.found.variables.values():
             name = converter.names.of(variable, converter.slot_owner.get(id(variable)))
-            if name in variables:
-                variable.assign(variables[name])
+            if name not in result.variables:
+                continue
+            value = result.variables[name]
+            entry = plan.get(name)
+            if entry is not None and entry.params.get("combine") == "mean" and \
+                    variable.aggregation == tf.VariableAggregation.SUM:
+                value = value * result.size
+            variable.assign(value)
 
 
 def _captured_variables(traced) -> list:

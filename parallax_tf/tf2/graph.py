@@ -255,6 +255,9 @@ class Converter:
         self.found = captured(trace)
         self.writes = _Writes(trace, self.found.variables)
         self.updates = updates(trace, self.found, self.writes)
+        if not any(self.writes.of(v) for u in self.updates for _, v in u.pairs):
+            raise ModelError("the training step updates no variable from its gradients: apply them inside the step "
+                             "(optimizer.apply_gradients(zip(grads, variables)), or variable.assign_sub(lr * grad))")
         self.slot_owner = slots(self.updates, self.writes, self.found)
         self.rows_each = rows_each(self.updates)
         self.inputs = input_names(trace, element_spec)
@@ -267,7 +270,7 @@ class Converter:
     def build(self, ctx: RunContext, variable_hook=None) -> Training:
         """The step in the current default graph: its variables made through `variable_hook`
         (next_creator, kwargs, in_apply), as a model_fn's are, and its training record."""
-        made = self._variables(variable_hook)
+        made = self._variables(variable_hook, ctx)
         placeholders = {name: tf.compat.v1.placeholder(t.dtype, t.shape, name=name)
                         for name, t in zip(self.inputs, self.trace.inputs)}
         share = tf.compat.v1.placeholder_with_default(tf.constant(1.0), [], name=SHARE)
@@ -277,15 +280,19 @@ class Converter:
         tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
         return self._record(made, share, ctx)
 
-    def _variables(self, variable_hook) -> Dict[int, tf.Variable]:
-        """Every captured variable made anew (slots inside their variable's apply, next to it)."""
+    def _variables(self, variable_hook, ctx: RunContext) -> Dict[int, tf.Variable]:
+        """Every captured variable made anew (slots inside their variable's apply, next to it; a
+        slot of a variable the hook made this rank's rows of holds the same rows, r, r+N, ...)."""
         made: Dict[int, tf.Variable] = {}
         ordered = sorted(self.found.variables.values(), key=lambda v: id(v) in self.slot_owner)
         for variable in ordered:
             owner = self.slot_owner.get(id(variable))
             name = self.names.of(variable, owner)
-            kwargs = dict(initial_value=self.values[id(variable)], trainable=variable.trainable, name=name,
-                          dtype=variable.dtype, use_resource=True)
+            value = self.values[id(variable)]
+            if owner is not None and made[id(owner)].shape[0] != owner.shape[0]:
+                value = value[ctx.rank::ctx.size]
+            kwargs = dict(initial_value=value, trainable=variable.trainable, name=name,
+                          dtype=variable.dtype, use_resource=True, aggregation=variable.aggregation)
 
             def creator(next_creator, **given):
                 if variable_hook is None:
@@ -326,10 +333,11 @@ class Converter:
         for update in self.updates:
             created = {f"{IMPORTED}/{op.name}" for op in update.ops}
             slots: Dict[str, Dict[str, tf.Variable]] = {}
-            made_ops = set(update.ops)
+            made_ops, its_own = set(update.ops), _optimizer_variables(update.optimizer)
             for variable in self.found.variables.values():
                 owner = self.slot_owner.get(id(variable))
-                if not variable.trainable and any(w in made_ops for w in self.writes.of(variable)):
+                if not variable.trainable and (id(variable) in its_own or
+                                               any(w in made_ops for w in self.writes.of(variable))):
                     created.add(made[id(variable)].op.name)     # the optimizer's state, not the model's
                 if owner is not None and any(owner is v for _, v in update.pairs):
                     slot = made[id(variable)]
@@ -353,6 +361,13 @@ class Converter:
                         global_step=None, keras_layers={},
                         inputs=input_shard.Scope(ctx, False),
                         rows_each={made[i].op.name for i in self.rows_each if i in made})
+
+
+def _optimizer_variables(optimizer) -> set:
+    """id() of the tf.Variables an optimizer holds (its learning rate, counter, slots)."""
+    held = getattr(optimizer, "variables", None) if optimizer is not None else None
+    held = held() if callable(held) else (held or [])
+    return {id(_tf_variable(v)) for v in held}
 
 
 class TracedOptimizer:

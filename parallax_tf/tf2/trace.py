@@ -110,6 +110,7 @@ class _Recorder:
                 return apply(optimizer, *args, **kwargs)
             graph = tf.compat.v1.get_default_graph()
             before = len(graph.get_operations())
+            args, kwargs = _materialized(name, args, kwargs)     # a zip is read once: by the record and by apply
             pairs = _grads_and_vars(name, args, kwargs)
             recorder.applying += 1
             try:
@@ -120,6 +121,16 @@ class _Recorder:
             recorder.optimizer_calls.setdefault(graph, []).append(OptimizerCall(optimizer, pairs, made))
             return result
         return recorded
+
+
+def _materialized(name: str, args, kwargs):
+    """The apply's arguments with its gradients (an iterator, often a zip) made into lists."""
+    key = {"apply": "grads"}.get(name, "grads_and_vars")
+    if args:
+        return (list(args[0]),) + tuple(args[1:]), kwargs
+    if key in kwargs:
+        return args, dict(kwargs, **{key: list(kwargs[key])})
+    return args, kwargs
 
 
 def _grads_and_vars(name: str, args, kwargs) -> list:

@@ -1,0 +1,219 @@
+"""The TF2 scripts tests/jobs/tf2_job.py trains: each function trains its script through
+ptf.run (or ptf.fit) and the same script on one device, and returns both (Outcome)."""
+import dataclasses
+from typing import List
+
+import numpy as np
+import tensorflow as tf
+
+import parallax_tf as ptf
+
+
+@dataclasses.dataclass
+class Outcome:
+    weights: List[np.ndarray]          # the script's own variables after ptf.run
+    reference: List[np.ndarray]        # the same script's, trained on one device
+    losses: List[float]                # the mean over ranks, per step
+    reference_losses: List[float]
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+ROWS, BATCH = 40, 16                   # an uneven last batch: 16, 16, 8
+
+
+def _wide_data():
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 60, (ROWS, 3))
+    feats = rng.rand(ROWS, 4).astype("float32")
+    y = rng.rand(ROWS, 1).astype("float32")
+    weight = rng.rand(ROWS).astype("float32") + 0.5
+    return tf.data.Dataset.from_tensor_slices(({"ids": ids, "feats": feats}, y, weight)).batch(BATCH)
+
+
+def _keras3_wide():
+    import keras
+    keras.utils.set_random_seed(1)
+    ids = keras.Input((3,), dtype="int64", name="ids")
+    feats = keras.Input((4,), name="feats")
+    rows = keras.layers.Flatten()(keras.layers.Embedding(60, 4)(ids))
+    hidden = keras.layers.Dense(6, activation="relu")(keras.layers.Concatenate()([rows, feats]))
+    return keras.Model([ids, feats], keras.layers.Dense(1)(hidden)), keras.optimizers.Adam(0.05)
+
+
+def _weighted_step(model, optimizer):
+    import keras
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(x, y, weight):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True), sample_weight=weight)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def keras3_wide(strategy, hooks):
+    model, optimizer = _keras3_wide()
+    result = ptf.run(_weighted_step(model, optimizer), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
+    reference, ref_optimizer = _keras3_wide()
+    step = _weighted_step(reference, ref_optimizer)
+    want = [float(step(*element)) for element in _wide_data()]
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights],
+                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables}})
+
+
+def _mlp_data():
+    rng = np.random.RandomState(2)
+    x = rng.rand(ROWS, 5).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, (x.sum(1, keepdims=True) > 2.5).astype("float32"))).batch(BATCH)
+
+
+def _keras3_mlp():
+    import keras
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    return model, keras.optimizers.SGD(0.1, momentum=0.9), keras.metrics.BinaryAccuracy(threshold=0.0)
+
+
+def _metric_step(model, optimizer, accuracy):
+    import keras
+    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        accuracy.update_state(y, logits)
+        return {"loss": loss, "accuracy": accuracy.result()}
+    return step
+
+
+def keras3_metric(strategy, hooks):
+    model, optimizer, accuracy = _keras3_mlp()
+    result = ptf.run(_metric_step(model, optimizer, accuracy), _mlp_data(), strategy=strategy, hooks=hooks,
+                     log_every=0)
+    reference, ref_optimizer, ref_accuracy = _keras3_mlp()
+    step = _metric_step(reference, ref_optimizer, ref_accuracy)
+    want = [float(step(*element)["loss"]) for element in _mlp_data()]
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights],
+                   result.mean_losses, want, {"accuracy": float(accuracy.result()),
+                                              "reference_accuracy": float(ref_accuracy.result()),
+                                              "count": float(accuracy.count.numpy()),
+                                              "reference_count": float(ref_accuracy.count.numpy())})
+
+
+def _tf_keras_model():
+    import tf_keras
+    tf_keras.utils.set_random_seed(4)
+    ids = tf_keras.Input((3,), dtype="int64")
+    rows = tf_keras.layers.GlobalAveragePooling1D()(tf_keras.layers.Embedding(60, 4)(ids))
+    return tf_keras.Model(ids, tf_keras.layers.Dense(1)(rows)), tf_keras.optimizers.Adagrad(0.3)
+
+
+def _tf_keras_step(model, optimizer):
+    @tf.function
+    def step(x, y, weight):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x["ids"], training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def tf_keras_adagrad(strategy, hooks):
+    model, optimizer = _tf_keras_model()
+    result = ptf.run(_tf_keras_step(model, optimizer), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
+    reference, ref_optimizer = _tf_keras_model()
+    step = _tf_keras_step(reference, ref_optimizer)
+    want = [float(step(*element)) for element in _wide_data()]
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights],
+                   result.mean_losses, want)
+
+
+class Regression(tf.Module):
+    """A table and a weight vector as plain variables."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.RandomState(5)
+        self.table = tf.Variable(rng.randn(60, 4).astype("float32"), name="table")
+        self.w = tf.Variable(rng.randn(4, 1).astype("float32"), name="w")
+
+    def __call__(self, ids):
+        return tf.matmul(tf.reduce_mean(tf.gather(self.table, ids), 1), self.w)
+
+
+def _hand_written_step(module):
+    def step(x, y, weight):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(module(x["ids"]) - y))
+        table_grad, w_grad = tape.gradient(loss, [module.table, module.w])
+        module.w.assign_sub(0.1 * w_grad)
+        module.table.scatter_sub(tf.IndexedSlices(0.1 * table_grad.values, table_grad.indices))
+        return loss
+    return step
+
+
+def module(strategy, hooks):
+    trained = Regression()
+    result = ptf.run(_hand_written_step(trained), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
+    reference = Regression()
+    step = _hand_written_step(reference)
+    want = [float(step(*element)) for element in _wide_data()]
+    return Outcome([trained.table.numpy(), trained.w.numpy()], [reference.table.numpy(), reference.w.numpy()],
+                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables}})
+
+
+def _fit_mlp():
+    import keras
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _fit_wide():
+    import keras
+    keras.utils.set_random_seed(7)
+    user = keras.Input((1,), dtype="int64", name="user")
+    dense = keras.Input((3,), name="dense")
+    rows = keras.layers.Flatten()(keras.layers.Embedding(30, 4)(user))
+    hidden = keras.layers.Dense(6, activation="relu")(keras.layers.Concatenate()([rows, dense]))
+    model = keras.Model([user, dense], keras.layers.Dense(1, activation="sigmoid")(hidden))
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _fitted(make, x, y, strategy, hooks, **arguments):
+    model = make()
+    history = ptf.fit(model, x, y, strategy=strategy, log_every=0, verbose=0, hooks=hooks, **arguments)
+    reference = make()
+    want = reference.fit(x, y, verbose=0, **arguments).history
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights], [], [],
+                   {"history": {k: list(map(float, v)) for k, v in history.history.items()},
+                    "reference_history": {k: list(map(float, v)) for k, v in want.items()}})
+
+
+def keras3_fit_mlp(strategy, hooks):
+    rng = np.random.RandomState(8)
+    return _fitted(_fit_mlp, rng.rand(70, 5).astype("float32"), rng.randint(0, 3, 70), strategy, hooks,
+                   batch_size=16, epochs=2, validation_split=0.2, shuffle=False)
+
+
+def keras3_fit_wide(strategy, hooks):
+    rng = np.random.RandomState(9)
+    x = {"user": rng.randint(0, 30, (60, 1)), "dense": rng.rand(60, 3).astype("float32")}
+    y = rng.randint(0, 2, 60).astype("float32")          # shape (N,), the output's (N, 1)
+    return _fitted(_fit_wide, x, y, strategy, hooks, batch_size=16, epochs=2, shuffle=False)
+
+
+CASES = {"keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
+         "module": module, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}

@@ -1,0 +1,159 @@
+"""TF2 training steps (ptf.run(train_step, dataset)) and Keras 3 ptf.fit against the same script
+on one device, on real ranks (tests/jobs/tf2_job.py), and what the TF2 front end refuses."""
+import functools
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax_tf as ptf
+from tests import launch, reference
+
+STRATEGIES = ["hybrid", "ps", "allreduce", "collective", "auto"]
+# one job per rank count, each run a case on a strategy (tests/jobs/tf2_cases.py)
+RUNS = {2: [f"{case}:{strategy}" for case in ("keras3_wide", "module") for strategy in STRATEGIES]
+        + ["keras3_metric:hybrid", "tf_keras_adagrad:hybrid", "keras3_fit_mlp:hybrid", "keras3_fit_wide:hybrid"],
+        3: ["keras3_wide:hybrid", "module:ps", "tf_keras_adagrad:collective", "keras3_metric:allreduce",
+            "keras3_fit_wide:ps"]}
+ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide")
+
+
+@functools.lru_cache(maxsize=None)
+def _job(ranks: int) -> str:
+    """The 2-rank job starts as `python tf2_job.py --np 2`, the 3-rank one under horovodrun."""
+    out = tempfile.mkdtemp(prefix="ptf-tf2-")
+    argv = ["tests/jobs/tf2_job.py", f"--runs={','.join(RUNS[ranks])}", f"--out={out}"]
+    proc = launch.run_ranks(1, argv + [f"--np={ranks}"], launcher="python", timeout=500) if ranks == 2 else \
+        launch.run_ranks(ranks, argv, timeout=500)
+    assert proc.returncode == 0, launch.tail(proc)
+    return out
+
+
+def _check(out: str, case: str, strategy: str, ranks: int) -> dict:
+    tolerance = 1e-4 if case in ADAM else 1e-5
+    for rank in range(ranks):
+        saved = np.load(os.path.join(out, f"{case}.{strategy}.rank{rank}.npz"))
+        count = len([k for k in saved.files if k.startswith("got:")])
+        assert count and count == len([k for k in saved.files if k.startswith("want:")])
+        for i in range(count):       # the script's own variables, on every rank
+            error = reference.relative_error(saved[f"got:{i}"], saved[f"want:{i}"])
+            assert error <= tolerance, (rank, i, error)
+        np.testing.assert_allclose(saved["losses"], saved["reference_losses"], rtol=tolerance)
+    return json.loads(str(saved["extra"]))
+
+
+@pytest.mark.parametrize("ranks,run", [(ranks, run) for ranks, runs in RUNS.items() for run in runs])
+def test_a_tf2_step_trains_as_on_one_device(ranks, run):
+    case, strategy = run.split(":")
+    extra = _check(_job(ranks), case, strategy, ranks)
+    if case.startswith("keras3_fit"):      # History as model.fit's: loss, metrics, val_*
+        got, want = extra["history"], extra["reference_history"]
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, err_msg=key)
+    if case == "keras3_metric":            # the metric's state over every rank, as on one device
+        assert extra["count"] == pytest.approx(extra["reference_count"], rel=1e-6)
+        assert extra["accuracy"] == pytest.approx(extra["reference_accuracy"], rel=1e-6)
+
+
+def test_the_table_is_on_the_parameter_servers_under_hybrid():
+    """The embedding (Keras 3's, and a tf.Module's table) goes to the PS, the dense variables
+    through AllReduce; under collective the hand-written table is split over the ranks, while
+    Adam's, which squares every looked-up row, is allgathered (alltoall sums repeated ids)."""
+    def routes(run: str, word: str) -> set:     # Keras names layers after those made before in the job
+        plan = json.loads(str(np.load(os.path.join(_job(2), f"{run}.rank0.npz"))["extra"]))["plan"]
+        return {route for name, route in plan.items() if word in name}
+    assert routes("keras3_wide.hybrid", "embedding") == {"ps"}
+    assert routes("keras3_wide.hybrid", "dense") == {"allreduce"}
+    assert routes("module.hybrid", "table") == {"ps"} and routes("module.hybrid", "w") == {"allreduce"}
+    assert routes("module.collective", "table") == {"alltoall"}
+    assert routes("keras3_wide.collective", "embedding") == {"allreduce"}
+
+
+def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly():
+    out, ckpt = tempfile.mkdtemp(prefix="ptf-tf2-die-"), tempfile.mkdtemp(prefix="ptf-tf2-ckpt-")
+    argv = ["tests/jobs/tf2_job.py", "--runs=keras3_wide:hybrid", f"--out={out}", "--np=2", f"--ckpt_dir={ckpt}",
+            "--ckpt_every=1", "--max_restarts=1", "--die_at_step=2", "--die_rank=1", "--log_every=0"]
+    proc = launch.run_ranks(1, argv, launcher="python", timeout=300)
+    assert proc.returncode == 0, launch.tail(proc)
+    assert os.path.exists(os.path.join(out, "died_at")) and "restart" in (proc.stdout + proc.stderr).lower()
+    for rank in range(2):
+        saved = np.load(os.path.join(out, f"keras3_wide.hybrid.rank{rank}.npz"))
+        for i in range(len([k for k in saved.files if k.startswith("got:")])):
+            assert reference.relative_error(saved[f"got:{i}"], saved[f"want:{i}"]) <= 1e-4
+
+
+# ---- what the front end refuses, each in one line (inspection on one process: --plan_only) ----
+
+def _dataset():
+    return tf.data.Dataset.from_tensor_slices((np.ones([8, 2], np.float32), np.ones([8, 1], np.float32))).batch(4)
+
+
+def _variables():
+    return tf.Variable(np.ones([2, 1], np.float32), name="w")
+
+
+def test_a_step_that_returns_no_loss_is_named():
+    w = _variables()
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w) - y)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+    with pytest.raises(ptf.ModelError, match=r"^the training step returned nothing as 'loss'; return a scalar loss"):
+        ptf.run(step, _dataset(), plan_only=True)
+
+
+def test_a_step_without_a_gradient_tape_is_named():
+    w = _variables()
+
+    def step(x, y):
+        w.assign_sub(0.1 * tf.ones_like(w))
+        return tf.reduce_mean(tf.matmul(x, w) - y)
+    with pytest.raises(ptf.ModelError, match=r"^the training step computed no gradient: compute them with "
+                                              r"tf.GradientTape"):
+        ptf.run(step, _dataset(), plan_only=True)
+
+
+def test_a_step_that_updates_nothing_is_named():
+    w = _variables()
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w) - y)
+        tape.gradient(loss, w)
+        return loss
+    with pytest.raises(ptf.ModelError, match=r"^the training step updates no variable from its gradients"):
+        ptf.run(step, _dataset(), plan_only=True)
+
+
+def test_a_strategy_that_cannot_take_a_tf2_step_says_so():
+    w = _variables()
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w) - y)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+    with pytest.raises(ptf.ConfigError, match=r"^--strategy=slim_dp cannot train a TF2 training step yet .*; use one "
+                                               r"of hybrid, ps, allreduce, collective, auto"):
+        ptf.run(step, _dataset(), plan_only=True, strategy="slim_dp")
+
+
+def test_the_plan_names_the_steps_variables_by_their_keras_paths():
+    import keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+    plan = ptf.run(step, _dataset(), plan_only=True, np=2).plan
+    assert {v.name: v.route for v in plan.variables} == {"sequential/out/kernel": "allreduce",
+                                                         "sequential/out/bias": "allreduce"}
