@@ -125,17 +125,17 @@ def test_keras3_model_names_tf_keras_as_the_fix():
 
 
 @pytest.mark.parametrize("given", ["model", "function"])
-def test_a_keras3_model_given_to_fit_is_refused_in_one_line(given):
+def test_a_keras3_model_given_to_fit_trains_through_the_tf2_front_end(given):
     import keras
 
     def make():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
         model.compile("adam", "mse")
         return model
-    with pytest.raises(ptf.ModelError, match=r"^ptf.fit got a Keras 3 model \(keras\.src\..*Sequential; .* build it "
-                                              r"with `import tf_keras`"):
-        ptf.fit(make() if given == "model" else make, np.ones([4, 4], np.float32), np.ones([4, 1], np.float32),
-                plan_only=True)
+    history = ptf.fit(make() if given == "model" else make, np.ones([4, 4], np.float32), np.ones([4, 1], np.float32),
+                      plan_only=True)
+    trained = {v.name.split("/", 1)[1]: v.route for v in history.plan.trained}
+    assert trained == {"out/bias": "allreduce", "out/kernel": "allreduce"}
 
 
 def test_transform_that_cannot_be_distributed_names_the_op():

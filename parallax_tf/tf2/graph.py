@@ -235,6 +235,42 @@ def _data_sources(op) -> set:
     return found
 
 
+def read_rows_only(graph_def, handles: set) -> None:
+    """A Keras 3 lookup reads its whole table and gathers rows from the value (GatherV2 of a
+    ReadVariableOp, Shape of one to clamp the ids): on a parameter server that moves the table
+    every step. It reads the rows from the variable instead (ResourceGather, VariableShape), as a
+    tf.compat.v1 lookup does."""
+    nodes = {node.name: node for node in graph_def.node}
+
+    def variable_read(name: str):
+        read = nodes.get(name.split(":")[0])
+        return read.input[0] if read is not None and read.op == "ReadVariableOp" and read.input[0] in handles else None
+
+    for node in graph_def.node:
+        handle = variable_read(node.input[0]) if node.input else None
+        if handle is None:
+            continue
+        if node.op == "GatherV2" and node.attr["batch_dims"].i == 0 and _constant(nodes, node.input[2]) == 0:
+            dtype, index_type = node.attr["Tparams"].type, node.attr["Tindices"].type
+            node.op = "ResourceGather"
+            node.input[:] = [handle, node.input[1]] + [i for i in node.input[3:] if i.startswith("^")]
+            node.attr.clear()
+            node.attr["dtype"].type, node.attr["Tindices"].type = dtype, index_type
+            node.attr["batch_dims"].i = 0
+            node.attr["validate_indices"].b = True
+        elif node.op == "Shape":
+            node.op = "VariableShape"
+            node.input[0] = handle
+
+
+def _constant(nodes: dict, name: str):
+    node = nodes.get(name.split(":")[0])
+    if node is None or node.op != "Const":
+        return None
+    value = tf.make_ndarray(node.attr["value"].tensor)
+    return int(value) if value.ndim == 0 else None
+
+
 def untie_identity_n(graph_def) -> None:
     """An IdentityN over every gradient (Keras 3's sum over the default strategy's one replica)
     ties each gradient to all the others in a walk of the graph: its consumers read its inputs
@@ -264,6 +300,7 @@ class Converter:
         self.names = names
         self.graph_def = trace.graph.as_graph_def()
         untie_identity_n(self.graph_def)
+        read_rows_only(self.graph_def, set(self.found.variables))
         # the values the step starts from, read eagerly once (a build runs in graph mode)
         self.values = {id(v): v.numpy() for v in self.found.variables.values()}
 
