@@ -54,7 +54,7 @@ def run(model_fn: Callable, input_fn=None, steps: Optional[int] = None,
         if not tf2.is_dataset(input_fn):
             return _run(front_end_lib.ModelFn(model_fn), input_fn, steps, hooks, options)
         step = tf2.StepFrontEnd(model_fn, input_fn)
-        result = _run(step, step.input_fn(), steps, hooks, options)
+        result = _run(step, None, steps, hooks, options)
         if result.variables:
             step.write_back(result)
         return result
@@ -64,8 +64,10 @@ def _run(front_end, input_fn, steps, hooks, options) -> Result:
     phases = {"run": time.time()}        # when each start-up phase ended (Result.extras["phases"])
     exit_lib.ran()
     opts = ptf_flags.resolve(steps=steps, **options)
-    if steps is None and hasattr(front_end, "steps") and not ptf_flags.given_on_command_line("steps"):
-        opts.steps = front_end.steps(None)      # a TF2 step: one pass over its dataset
+    if front_end.traced:           # a TF2 step: its dataset feeds it, one pass unless said
+        input_fn = front_end.input_fn(opts.shard_reading)
+        if steps is None and not ptf_flags.given_on_command_line("steps"):
+            opts.steps = front_end.steps(None, opts.shard_reading)
     quiet.apply(opts.verbose)
     if opts.plan_only:
         result = _plan_only(front_end, input_fn, opts)

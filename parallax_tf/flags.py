@@ -68,6 +68,12 @@ class TrainingOptions:
         "in turn (rank r of N takes batches r, r+N, ...: the job's global batch is the single-device script's "
         "next N batches); one the script splits by rank itself is read as built (the plan's `input` lines say "
         "which); --noshard_input: every rank reads every pipeline whole.")
+    shard_reading: bool = option(
+        False, "shard_reading",
+        "A TF2 step's dataset (ptf.run(train_step, dataset)): each data rank reads its own shard "
+        "(dataset.shard(N, r)) and trains on its whole element, so a step trains on N consecutive elements "
+        "joined (N times the batch, 1/N of the steps per pass). Default: every rank reads every element and "
+        "feeds its share of it (the single-device script's batch per step).")
     seed: int = option(0, "seed", "Graph-level random seed (tf.compat.v1.set_random_seed) every rank builds model_fn "
                        "under; a single-device script compared with the run sets the same before building.")
     timeout_s: int = option(120, "timeout_s", "Longest any cross-rank wait may take before the run fails.")

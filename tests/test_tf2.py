@@ -15,9 +15,10 @@ from tests import launch, reference
 STRATEGIES = ["hybrid", "ps", "allreduce", "collective", "auto"]
 # one job per rank count, each run a case on a strategy (tests/jobs/tf2_cases.py)
 RUNS = {2: [f"{case}:{strategy}" for case in ("keras3_wide", "module") for strategy in STRATEGIES]
-        + ["keras3_metric:hybrid", "tf_keras_adagrad:hybrid", "keras3_fit_mlp:hybrid", "keras3_fit_wide:hybrid"],
+        + ["keras3_metric:hybrid", "tf_keras_adagrad:hybrid", "keras3_fit_mlp:hybrid", "keras3_fit_wide:hybrid",
+           "module_shard_reading:hybrid"],
         3: ["keras3_wide:hybrid", "module:ps", "tf_keras_adagrad:collective", "keras3_metric:allreduce",
-            "keras3_fit_wide:ps"]}
+            "keras3_fit_wide:ps", "module_shard_reading:allreduce"]}
 ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide")
 
 

@@ -18,6 +18,8 @@ flags.DEFINE_string("out", None, "Directory for the per-rank JSON.")
 flags.DEFINE_string("bench_runs", None, "A JSON list of runs made one after another in this job, each a list "
                     "of flags (--bench_strategy, --model, ...) for it alone: run i's figures go to --out/i/ "
                     "(tools.bench.run_in_one_job).")
+flags.DEFINE_bool("tf2_form", False, "Train --model's TF2 form (models/tf2_forms.py) through ptf.run(train_step, "
+                  "dataset) instead of its model_fn.")
 FLAGS = flags.FLAGS
 
 
@@ -73,6 +75,15 @@ def held_out_losses(model_fn, input_fn, snapshots, auc: bool = False) -> list:
                 out.append((float(np.mean(losses)), area_under_roc(np.concatenate(labels), np.concatenate(scores))
                             if scores else None))
     return out
+
+
+def tf2_held_out_loss(model, input_fn) -> float:
+    """held_out_loss of a TF2 form's model (models/tf2_forms.py), eagerly, on the same batches."""
+    import tensorflow as tf
+    from parallax_tf.model import RunContext
+    return float(np.mean([float(tf.reduce_mean(model.losses({k: tf.constant(v) for k, v in
+                                                              input_fn(RunContext(10_000 + i, 1, 0, 1, 0)).items()})))
+                          for i in range(HELD_OUT_BATCHES)]))
 
 
 def area_under_roc(labels, scores) -> float:
@@ -163,7 +174,13 @@ def train_and_measure() -> dict:
                 model_fn, input_fn, [figures.pop("variables")], auc=True)[0]
     else:
         link = link_counters.LinkCounter(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")))
-        result = ptf.run(model_fn, input_fn, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
+        trained, given = None, (model_fn, input_fn)
+        if FLAGS.tf2_form:
+            from models import tf2_forms
+            trained, step, dataset = tf2_forms.step_and_dataset(FLAGS.model, tf2_forms.sizes_from_flags(FLAGS.model),
+                                                                input_fn, total, ptf.size())
+            given = (step, dataset)
+        result = ptf.run(*given, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
                          profile_threads_from=FLAGS.warmup, hooks=[link])
         figures = {"thread_cpu_s_per_step": result.extras.get("thread_cpu_s_per_step", {}),
                    "pool_threads": result.extras.get("pool_threads"),
@@ -175,7 +192,9 @@ def train_and_measure() -> dict:
         lower = result.lower_bound_bytes_per_step
         figures["bytes_by_route"] = result.bytes_per_step
         figures["losses"] = [float(x) for x in result.losses]
-        if rank == 0:
+        if rank == 0 and trained is not None:      # the TF2 model's own variables hold the trained values
+            figures["held_out_loss"], figures["held_out_auc"] = tf2_held_out_loss(trained, input_fn), None
+        elif rank == 0:
             figures["held_out_loss"], figures["held_out_auc"] = held_out_losses(
                 model_fn, input_fn, [result.variables], auc=True)[0]
             figures.update(table_memory(result))

@@ -13,6 +13,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from parallax_tf import rank_run
 from parallax_tf.errors import ConfigError
 from parallax_tf.model import RunContext
 from parallax_tf.tf2.data import StepInputs, element_count
@@ -39,16 +40,18 @@ class StepFrontEnd:
         self.step, self.dataset = step, dataset
         self._converter: Optional[Converter] = None
 
-    def steps(self, given: Optional[int]) -> int:
-        """The run's steps: `given`, or one pass over the dataset."""
+    def steps(self, given: Optional[int], shard_reading: bool = False) -> int:
+        """The run's steps: `given`, or one pass over the dataset (read in N shards: a pass over
+        each rank's shard)."""
         if given is not None:
             return given
         count = element_count(self.dataset)
         if count is None:
             raise ConfigError("the dataset is infinite: give ptf.run(train_step, dataset, steps=N)")
-        if count < 1:
-            raise ConfigError("the dataset holds no element to train on")
-        return count
+        readers = rank_run.size() if shard_reading else 1
+        if count < readers:
+            raise ConfigError(f"the dataset holds {count} element(s) for {readers} reader(s): nothing to train on")
+        return count // readers
 
     @property
     def converter(self) -> Converter:
@@ -58,8 +61,8 @@ class StepFrontEnd:
             self._converter = Converter(traced, self.dataset.element_spec, names)
         return self._converter
 
-    def input_fn(self) -> StepInputs:
-        return StepInputs(self.dataset, self.converter.inputs)
+    def input_fn(self, shard_reading: bool = False) -> StepInputs:
+        return StepInputs(self.dataset, self.converter.inputs, shard_reading)
 
     def build(self, ctx: RunContext, variable_hook=None, shard: bool = True, input_decisions=None) -> Training:
         return self.converter.build(ctx, variable_hook)

@@ -30,11 +30,15 @@ def element_count(dataset) -> Optional[int]:
 class StepInputs:
     """input_fn(ctx) of a TF2 step: this rank's share of the dataset's element for ctx.step."""
 
-    def __init__(self, dataset, names: List[str]):
-        self.dataset, self.names = dataset, names
-        self._iterator, self._next = None, None
+    def __init__(self, dataset, names: List[str], shard_reading: bool = False):
+        self.dataset, self.names, self.shard_reading = dataset, names, shard_reading
+        self._iterator, self._next, self._shard = None, None, None
 
     def __call__(self, ctx) -> Dict[str, np.ndarray]:
+        if self.shard_reading:       # this rank's own elements, each whole: r, r+N, ...
+            self._shard = (ctx.size, ctx.rank)
+            flat = self._element(ctx.step)
+            return {**dict(zip(self.names, flat)), SHARE: np.float32(1.0)}
         flat = self._element(ctx.step)
         rows = {len(a) if np.ndim(a) else None for a in flat}
         if len(rows) != 1 or None in rows:
@@ -52,7 +56,8 @@ class StepInputs:
     def _element(self, step: int) -> List[np.ndarray]:
         with tf_shim.eager_mode():
             if self._iterator is None or step != self._next:     # the first read, or a resume: from the start
-                self._iterator, self._next = iter(self.dataset), 0
+                source = self.dataset.shard(*self._shard) if self._shard else self.dataset
+                self._iterator, self._next = iter(source), 0
                 while self._next < step:
                     self._take(self._next)
             return self._take(step)

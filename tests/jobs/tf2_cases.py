@@ -170,6 +170,22 @@ def module(strategy, hooks):
                    result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables}})
 
 
+def module_shard_reading(strategy, hooks):
+    """--shard_reading: each rank reads its own elements, so a step trains on N elements joined:
+    single-device training on batches N times as large (every element holds 8 rows)."""
+    rng = np.random.RandomState(10)
+    ids, y = rng.randint(0, 60, (48, 3)), rng.rand(48, 1).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices(({"ids": ids}, y, np.ones(48, np.float32))).batch(8)
+    trained = Regression()
+    result = ptf.run(_hand_written_step(trained), data, strategy=strategy, hooks=hooks, log_every=0,
+                     shard_reading=True)
+    reference = Regression()
+    step = _hand_written_step(reference)
+    want = [float(step(*element)) for element in data.unbatch().batch(8 * ptf.size())]
+    return Outcome([trained.table.numpy(), trained.w.numpy()], [reference.table.numpy(), reference.w.numpy()],
+                   result.mean_losses, want)
+
+
 def _fit_mlp():
     import keras
     keras.utils.set_random_seed(6)
@@ -215,5 +231,5 @@ def keras3_fit_wide(strategy, hooks):
     return _fitted(_fit_wide, x, y, strategy, hooks, batch_size=16, epochs=2, shuffle=False)
 
 
-CASES = {"keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
+CASES = {"module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
          "module": module, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}

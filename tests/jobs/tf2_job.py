@@ -10,6 +10,7 @@ keras3_metric: a Keras 3 Sequential MLP, SGD with momentum, a keras.metrics.Bina
 tf_keras_adagrad: a tf_keras model in eager mode (an Embedding and a Dense), tf_keras' Adagrad.
 module: a tf.Module of plain tf.Variables, a Python function as the step, a hand-written update
   (assign_sub, and scatter_sub of the table's IndexedSlices).
+module_shard_reading: the same, each rank reading its own elements (--shard_reading).
 keras3_fit_mlp, keras3_fit_wide: ptf.fit of a compiled Keras 3 model ('adam'; an MLP with
   validation_split, a wide-and-deep with an Embedding and labels of shape (N,)) against model.fit.
 
