@@ -17,7 +17,7 @@ from parallax_tf import rank_run
 from parallax_tf.errors import ConfigError
 from parallax_tf.model import RunContext
 from parallax_tf.tf2.data import StepInputs, element_count
-from parallax_tf.tf2.graph import Converter
+from parallax_tf.tf2.graph import Converter, captured
 from parallax_tf.tf2.naming import VariableNames
 from parallax_tf.tf2.trace import trace
 from parallax_tf.training_record import Training
@@ -57,7 +57,7 @@ class StepFrontEnd:
     def converter(self) -> Converter:
         if self._converter is None:
             traced = trace(self.step, self.dataset.element_spec)
-            names = VariableNames(self.step, _captured_variables(traced))
+            names = VariableNames(self.step, list(captured(traced).variables.values()))
             self._converter = Converter(traced, self.dataset.element_spec, names)
         return self._converter
 
@@ -83,8 +83,3 @@ class StepFrontEnd:
                     variable.aggregation == tf.VariableAggregation.SUM:
                 value = value * result.size
             variable.assign(value)
-
-
-def _captured_variables(traced) -> list:
-    by_handle = {id(v.handle): v for v in traced.graph.variables}
-    return [by_handle[id(external)] for external, _ in traced.graph.captures if id(external) in by_handle]

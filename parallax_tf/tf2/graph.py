@@ -41,7 +41,10 @@ class _Captured:
 
 
 def captured(trace: Trace) -> _Captured:
-    by_handle = {id(v.handle): v for v in trace.graph.variables}
+    # the graph lists the variables it reads; an optimizer's slots made while it was first
+    # traced are only the optimizer's
+    known = list(trace.graph.variables) + [v for call in trace.optimizer_calls for v in _held(call.optimizer)]
+    by_handle = {id(v.handle): v for v in known}
     variables, constants = {}, {}
     for external, internal in trace.graph.captures:
         variable = by_handle.get(id(external))
@@ -79,8 +82,13 @@ class _Writes:
     def __init__(self, trace: Trace, variables: Dict[str, tf.Variable]):
         self.by_variable: Dict[int, List[tf.Operation]] = {}
         for op in trace.graph.get_operations():
-            if _writes(op) and op.inputs:
-                source = graph_walk.feeding_op(op.inputs[0], graph_walk.HANDLE_PASS_THROUGH_OPS)
+            if not _writes(op) or not op.inputs:
+                continue
+            # a fused apply kernel writes its variable and every slot it is handed
+            written = [t for t in op.inputs if t.dtype == tf.resource] if op.type.startswith(
+                ("ResourceApply", "ResourceSparseApply")) else [op.inputs[0]]
+            for handle in written:
+                source = graph_walk.feeding_op(handle, graph_walk.HANDLE_PASS_THROUGH_OPS)
                 variable = variables.get(source.name)
                 if variable is not None:
                     self.by_variable.setdefault(id(variable), []).append(op)
@@ -299,6 +307,9 @@ class Converter:
         self.inputs = input_names(trace, element_spec)
         self.names = names
         self.graph_def = trace.graph.as_graph_def()
+        for node in self.graph_def.node:     # where ops run is the plan's and the runtime's to say
+            node.device = ""
+            node.attr.pop("_class", None)
         untie_identity_n(self.graph_def)
         read_rows_only(self.graph_def, set(self.found.variables))
         # the values the step starts from, read eagerly once (a build runs in graph mode)
@@ -400,11 +411,15 @@ class Converter:
                         rows_each={made[i].op.name for i in self.rows_each if i in made})
 
 
-def _optimizer_variables(optimizer) -> set:
-    """id() of the tf.Variables an optimizer holds (its learning rate, counter, slots)."""
+def _held(optimizer) -> list:
+    """The tf.Variables an optimizer holds (its learning rate, counter, slots)."""
     held = getattr(optimizer, "variables", None) if optimizer is not None else None
     held = held() if callable(held) else (held or [])
-    return {id(_tf_variable(v)) for v in held}
+    return [v for v in map(_tf_variable, held) if isinstance(v, tf.Variable)]
+
+
+def _optimizer_variables(optimizer) -> set:
+    return {id(v) for v in _held(optimizer)}
 
 
 class TracedOptimizer:
