@@ -161,13 +161,13 @@ def step_and_dataset(name: str, sizes: dict, input_fn, steps: int, ranks: int):
             optimizer.apply_gradients([(grads[i], model.variables[i]) for i in chosen])
         return loss
 
-    def global_batches():
-        for step in range(steps):
-            parts = [input_fn(RunContext(r, ranks, 0, 1, step)) for r in range(ranks)]
-            yield {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-    first = next(global_batches())
-    signature = {key: tf.TensorSpec([None, *value.shape[1:]], tf.as_dtype(value.dtype)) for key, value in first.items()}
-    dataset = tf.data.Dataset.from_generator(global_batches, output_signature=signature)
+    # the batches made once, in memory (as a script reads a dataset that fits there): a rank's
+    # steps then read them, not the input_fn that makes them
+    batches = []
+    for step in range(steps):
+        parts = [input_fn(RunContext(r, ranks, 0, 1, step)) for r in range(ranks)]
+        batches.append({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
+    dataset = tf.data.Dataset.from_tensor_slices({key: np.stack([b[key] for b in batches]) for key in batches[0]})
     if name == "recsys":
         dataset = dataset.map(model.ids)
     return model, train_step, dataset

@@ -16,10 +16,10 @@ STRATEGIES = ["hybrid", "ps", "allreduce", "collective", "auto"]
 # one job per rank count, each run a case on a strategy (tests/jobs/tf2_cases.py)
 RUNS = {2: [f"{case}:{strategy}" for case in ("keras3_wide", "module") for strategy in STRATEGIES]
         + ["keras3_metric:hybrid", "tf_keras_adagrad:hybrid", "keras3_fit_mlp:hybrid", "keras3_fit_wide:hybrid",
-           "module_shard_reading:hybrid"],
+           "module_shard_reading:hybrid", "guide_training_loop:hybrid", "structured_fit:hybrid"],
         3: ["keras3_wide:hybrid", "module:ps", "tf_keras_adagrad:collective", "keras3_metric:allreduce",
             "keras3_fit_wide:ps", "module_shard_reading:allreduce"]}
-ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide")
+ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide", "structured_fit")
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +50,9 @@ def _check(out: str, case: str, strategy: str, ranks: int) -> dict:
 def test_a_tf2_step_trains_as_on_one_device(ranks, run):
     case, strategy = run.split(":")
     extra = _check(_job(ranks), case, strategy, ranks)
-    if case.startswith("keras3_fit"):      # History as model.fit's: loss, metrics, val_*
+    if case == "guide_training_loop":      # the metrics of each epoch, training and validation
+        np.testing.assert_allclose(extra["logs"], extra["reference_logs"], rtol=1e-6)
+    if case.startswith("keras3_fit") or case == "structured_fit":     # History as model.fit's
         got, want = extra["history"], extra["reference_history"]
         assert sorted(got) == sorted(want)
         for key in want:

@@ -50,7 +50,11 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     if verbose in (0, 2):
         options.setdefault("log_every", 0)
     history = keras.callbacks.History()
-    callback_list = keras.callbacks.CallbackList(list(callbacks or []) + [history], model=model)
+    history.set_model(model)
+    history.on_train_begin()
+    # the script's callbacks run on rank 0 only (files, logs); every rank keeps its History
+    callback_list = keras.callbacks.CallbackList(list(callbacks or []) if rank_run.rank() == 0 else [], model=model)
+    model.stop_training = False
     callback_list.on_train_begin()
 
     def train_step(*element):
@@ -65,12 +69,9 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
             break
         logs = {name: float(value) for name, value in model.get_metrics_result().items()}
         logs.update(_validated(model, validation, validation_batch_size or batch_size, validation_steps))
-        stop = False
-        if rank_run.rank() == 0:
-            callback_list.on_epoch_end(epoch, logs)
-            stop = bool(model.stop_training)
-        else:
-            history.on_epoch_end(epoch, logs)
+        history.on_epoch_end(epoch, logs)
+        callback_list.on_epoch_end(epoch, logs)
+        stop = bool(model.stop_training) if rank_run.rank() == 0 else False
         if verbose and rank_run.rank() == 0:
             print(f"epoch {epoch + 1}/{epochs} " + " ".join(f"{k} {v:.4f}" for k, v in logs.items()), flush=True)
         if rank_run.size() > 1:

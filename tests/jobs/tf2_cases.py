@@ -186,6 +186,107 @@ def module_shard_reading(strategy, hooks):
                    result.mean_losses, want)
 
 
+def _guide_model():
+    import keras
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((6,), name="digits")
+    hidden = keras.layers.Dense(12, activation="relu", name="dense_1")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(4, name="predictions")(hidden))
+
+
+def _guide_loop(model, epochs: int, distributed: bool, strategy, hooks):
+    """Keras' "Writing a training loop from scratch": a tf.function train step updating a
+    training metric, a validation loop after each epoch, both metrics reset per epoch."""
+    import keras
+    optimizer = keras.optimizers.SGD(learning_rate=0.1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    train_acc, val_acc = keras.metrics.SparseCategoricalAccuracy(), keras.metrics.SparseCategoricalAccuracy()
+    rng = np.random.RandomState(12)
+    x, y = rng.rand(70, 6).astype("float32"), rng.randint(0, 4, 70)
+    train = tf.data.Dataset.from_tensor_slices((x[:56], y[:56])).batch(16)
+    val = tf.data.Dataset.from_tensor_slices((x[56:], y[56:])).batch(16)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss_value = loss_fn(y, logits)
+        grads = tape.gradient(loss_value, model.trainable_weights)
+        optimizer.apply_gradients(zip(grads, model.trainable_weights))
+        train_acc.update_state(y, logits)
+        return loss_value
+
+    @tf.function
+    def test_step(x, y):
+        val_acc.update_state(y, model(x, training=False))
+
+    logs = []
+    for _ in range(epochs):
+        if distributed:
+            ptf.run(train_step, train, strategy=strategy, hooks=hooks, log_every=0)
+        else:
+            for batch_x, batch_y in train:
+                train_step(batch_x, batch_y)
+        for batch_x, batch_y in val:
+            test_step(batch_x, batch_y)
+        logs.append([float(train_acc.result()), float(val_acc.result())])
+        train_acc.reset_state()
+        val_acc.reset_state()
+    return logs
+
+
+def guide_training_loop(strategy, hooks):
+    model, reference = _guide_model(), _guide_model()
+    got = _guide_loop(model, 2, True, strategy, hooks)
+    want = _guide_loop(reference, 2, False, strategy, hooks)
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights], [], [],
+                   {"logs": got, "reference_logs": want})
+
+
+def _structured_data():
+    rng = np.random.RandomState(13)
+    thal = np.array(["fixed", "normal", "reversible"])[rng.randint(0, 3, 64)]
+    age = (rng.rand(64, 1) * 50 + 20).astype("float32")
+    target = ((thal == "normal") ^ (age[:, 0] > 45)).astype("float32")
+    return {"thal": thal, "age": age}, target
+
+
+def _structured_fit():
+    """Keras' "Structured data classification": a vocabulary lookup of a string feature in the
+    dataset's map, an Embedding of its index, a normalised number, a sigmoid output."""
+    import keras
+    keras.utils.set_random_seed(14)
+    thal = keras.Input((1,), dtype="int64", name="thal")
+    age = keras.Input((1,), name="age")
+    rows = keras.layers.Flatten()(keras.layers.Embedding(4, 3)(thal))
+    normalised = keras.layers.Rescaling(1 / 70.0)(age)
+    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.concatenate([rows, normalised]))
+    model = keras.Model({"thal": thal, "age": age}, keras.layers.Dense(1, activation="sigmoid")(hidden))
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def structured_fit(strategy, hooks):
+    import keras
+    features, target = _structured_data()
+    lookup = keras.layers.StringLookup(vocabulary=["fixed", "normal", "reversible"])
+
+    def dataset():
+        data = tf.data.Dataset.from_tensor_slices((features, target))
+        return data.map(lambda x, y: ({"thal": tf.reshape(lookup(x["thal"]), [1]), "age": x["age"]}, y)).batch(16)
+
+    def stop():
+        return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10, patience=1)
+    model = _structured_fit()
+    history = ptf.fit(model, dataset(), epochs=4, callbacks=[stop()], strategy=strategy, hooks=hooks, log_every=0,
+                      verbose=0)
+    reference = _structured_fit()
+    want = reference.fit(dataset(), epochs=4, callbacks=[stop()], verbose=0).history
+    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights], [], [],
+                   {"history": {k: list(map(float, v)) for k, v in history.history.items()},
+                    "reference_history": {k: list(map(float, v)) for k, v in want.items()}})
+
+
 def _fit_mlp():
     import keras
     keras.utils.set_random_seed(6)
@@ -231,5 +332,6 @@ def keras3_fit_wide(strategy, hooks):
     return _fitted(_fit_wide, x, y, strategy, hooks, batch_size=16, epochs=2, shuffle=False)
 
 
-CASES = {"module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
+CASES = {"guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
+         "module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
          "module": module, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}

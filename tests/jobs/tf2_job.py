@@ -10,7 +10,11 @@ keras3_metric: a Keras 3 Sequential MLP, SGD with momentum, a keras.metrics.Bina
 tf_keras_adagrad: a tf_keras model in eager mode (an Embedding and a Dense), tf_keras' Adagrad.
 module: a tf.Module of plain tf.Variables, a Python function as the step, a hand-written update
   (assign_sub, and scatter_sub of the table's IndexedSlices).
-module_shard_reading: the same, each rank reading its own elements (--shard_reading).
+guide_training_loop: Keras' "Writing a training loop from scratch": a training metric, a validation
+  loop between epochs, one ptf.run per epoch.
+structured_fit: Keras' "Structured data classification": a StringLookup in the dataset's map, an
+  Embedding of its index, ptf.fit with EarlyStopping (stops after 2 of 4 epochs).
+module_shard_reading: the module case, each rank reading its own elements (--shard_reading).
 keras3_fit_mlp, keras3_fit_wide: ptf.fit of a compiled Keras 3 model ('adam'; an MLP with
   validation_split, a wide-and-deep with an Embedding and labels of shape (N,)) against model.fit.
 
