@@ -67,8 +67,8 @@ class LanguageModel:
         inputs = tf.nn.embedding_lookup(self.embedding, batch["ids"])
         c = h = tf.zeros([tf.shape(inputs)[0], self.hidden])
         outputs = []
-        for t in range(self.num_steps):
-            gates = tf.nn.bias_add(tf.matmul(tf.concat([inputs[:, t], h], axis=1), self.kernel), self.bias)
+        for x in tf.unstack(inputs, num=self.num_steps, axis=1):
+            gates = tf.nn.bias_add(tf.matmul(tf.concat([x, h], axis=1), self.kernel), self.bias)
             i, j, f, o = tf.split(gates, 4, axis=1)
             c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
             h = tf.sigmoid(o) * tf.tanh(c)
