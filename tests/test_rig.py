@@ -367,3 +367,16 @@ def test_a_single_process_run_beside_a_cluster_counts_one_rank(monkeypatch):
     monkeypatch.setattr(bench.subprocess, "run", one_process)
     monkeypatch.setattr(bench, "summarise", lambda ranks: {"ranks": len(ranks)})
     assert bench.run_strategy("single", 8, 1, "10mbit", "0ms", "lm", 5, 1) == {"ranks": 1}
+
+
+def test_rounds_keep_each_strategys_median_run_and_every_rounds_ratio():
+    from tools import bench
+    runs = {"hybrid": [{"examples_per_s": 100.0, "step_s": 1}, {"examples_per_s": 120.0, "step_s": 2},
+                       {"examples_per_s": 90.0, "step_s": 3}],
+            "horovod": [{"examples_per_s": 50.0}, {"error": "exit status 1"}, {"examples_per_s": 45.0}]}
+    median = bench.median_run(runs["hybrid"])
+    assert median["step_s"] == 1 and median["rounds_examples_per_s"] == [100.0, 120.0, 90.0]
+    assert bench.median_run(runs["horovod"])["examples_per_s"] == 45.0       # a failed run counts as 0
+    assert bench.rounds_lines(runs).splitlines() == [
+        "hybrid examples/s by round: 100, 120, 90",
+        "horovod examples/s by round: 50, 0, 45; vs hybrid by round: 0.50x, 0.00x, 0.50x"]

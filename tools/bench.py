@@ -4,7 +4,8 @@
         --strategies hybrid,horovod,horovod_dense,tf_ps --steps 30 --json out/bench.json
 
 Every strategy trains the same model with the same per-rank batches on the same cluster, one
-after another. Prints a table (examples/s, step time, bytes per step on the wire, the plan's
+after another (`--rounds N`: N times, in alternation; the table holds each strategy's median
+run). Prints a table (examples/s, step time, bytes per step on the wire, the plan's
 lower bound, ratios to each baseline; CPU per step per rank: the process's, all threads, its PS
 server's included, and that minus the single-process run's = the runtime's), writes JSON and a
 PNG plot."""
@@ -24,6 +25,8 @@ from tools import shared  # noqa: F401  (--model, --warmup)
 from tools import sweep
 
 flags.DEFINE_list("strategies", ["hybrid", "horovod", "horovod_dense", "tf_ps"], "What to compare.")
+flags.DEFINE_integer("rounds", 1, "Runs of every strategy, in alternation (a, b, a, b): the table holds each "
+                     "strategy's median run and a line gives every run's examples/s, for ratios near 1.")
 flags.DEFINE_string("json", None, "Write the results here (and a PNG beside it).")
 flags.DEFINE_integer("job_timeout_s", 600, "A strategy still running after this long is stopped and "
                      "reported as failed.")
@@ -125,6 +128,32 @@ def summarise(ranks) -> dict:
             "retransmitted_segments_by_rank": [resent_by_rank[r] for r in sorted(resent_by_rank)],
             "reported_bytes_per_step": sum(reported) / len(reported) if reported else None,
             "lower_bound_bytes_per_step": sum(lower) / len(lower) if lower else None}
+
+
+def median_run(done: list) -> dict:
+    """The run of median examples/s (the lower middle one of an even count; a failed run counts
+    as 0), with every run's examples/s beside it."""
+    chosen = dict(sorted(done, key=_examples_per_s)[(len(done) - 1) // 2])
+    chosen["rounds_examples_per_s"] = [_examples_per_s(r) for r in done]
+    return chosen
+
+
+def rounds_lines(runs: dict) -> str:
+    """Each strategy's examples/s by round and, after the first strategy, its ratio to the
+    first's run of the same round."""
+    first = next(iter(runs))
+    lines = []
+    for strategy, done in runs.items():
+        each = ", ".join(f"{_examples_per_s(r):,.0f}" for r in done)
+        ratios = [f"{_examples_per_s(r) / _examples_per_s(base):.2f}x" if _examples_per_s(base) else "-"
+                  for r, base in zip(done, runs[first])]
+        beside = "" if strategy == first else f"; vs {first} by round: {', '.join(ratios)}"
+        lines.append(f"{strategy} examples/s by round: {each}{beside}")
+    return "\n".join(lines)
+
+
+def _examples_per_s(run: dict) -> float:
+    return run.get("examples_per_s", 0.0)
 
 
 def table(results: dict) -> str:
@@ -244,13 +273,19 @@ def main(argv):
         return
     info = {"hosts": FLAGS.hosts, "ranks_per_host": FLAGS.ranks_per_host, "bandwidth": FLAGS.bandwidth,
             "delay": FLAGS.delay, "model": FLAGS.model, "steps": FLAGS.steps, "warmup": FLAGS.warmup}
-    results = {}
-    for strategy in FLAGS.strategies:
-        print(f"bench: {strategy} ...", file=sys.stderr, flush=True)
-        results[strategy] = run_strategy(strategy, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth,
-                                         FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup,
-                                         FLAGS.job_timeout_s)
+    if FLAGS.rounds < 1:
+        raise SystemExit(f"--rounds={FLAGS.rounds}: give 1 or more runs per strategy")
+    runs = {strategy: [] for strategy in FLAGS.strategies}
+    for round_ in range(FLAGS.rounds):
+        for strategy in FLAGS.strategies:
+            print(f"bench: {strategy} (round {round_ + 1}/{FLAGS.rounds}) ...", file=sys.stderr, flush=True)
+            runs[strategy].append(run_strategy(strategy, FLAGS.hosts, FLAGS.ranks_per_host, FLAGS.bandwidth,
+                                               FLAGS.delay, FLAGS.model, FLAGS.steps, FLAGS.warmup,
+                                               FLAGS.job_timeout_s))
+    results = {strategy: median_run(done) for strategy, done in runs.items()}
     print(table(results))
+    if FLAGS.rounds > 1:
+        print(rounds_lines(runs))
     print(thread_lines(results))
     print(wire_lines(results))
     print(table_lines(results))

@@ -25,6 +25,7 @@ from parallax_tf import graph_walk, input_shard
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
 from parallax_tf.tf2.naming import VariableNames
+from parallax_tf.tf2.rows import data_sources, read_rows_only, rows_each
 from parallax_tf.tf2.trace import Trace
 from parallax_tf.training_record import Apply, GradientCall, Training
 
@@ -181,102 +182,9 @@ def slots(trace_updates: List[_Update], writes: _Writes, found: _Captured) -> Di
 
 # What a sparse gradient's rows may pass through in an apply that adds repeated rows up: scaling
 # by what does not depend on them, and the ops that sum rows into a variable or a dense tensor.
-_ROW_SCALING = frozenset({"Identity", "Cast", "Neg", "Mul", "RealDiv", "Div", "Reshape", "ExpandDims", "Squeeze"})
-_ROW_SUMS = frozenset({"UnsortedSegmentSum", "ResourceScatterAdd", "ResourceScatterSub", "ScatterNd",
-                       "TensorScatterAdd", "TensorScatterSub"})
-
-
-def rows_each(trace_updates: List[_Update]) -> set:
-    """id(variable) of each sparse variable whose apply does something else with its gradient's
-    rows than scale and sum them (Keras 3's Adam and Adagrad square each row): summed per id
-    before the apply, repeated ids would change what it computes."""
-    found = set()
-    for update in trace_updates:
-        made = set(update.ops)
-        for grad, variable in update.pairs:
-            if isinstance(grad, tf.IndexedSlices) and not _adds_rows_up(grad.values, made):
-                found.add(id(variable))
-    return found
-
-
-def _adds_rows_up(values, within: set) -> bool:
-    frontier, seen = [values], set()
-    while frontier:
-        tensor = frontier.pop()
-        for consumer in tensor.consumers():
-            if consumer not in within or consumer in seen:
-                continue
-            seen.add(consumer)
-            if consumer.type in _ROW_SUMS:
-                continue
-            if consumer.type == "IdentityN":
-                frontier.extend(out for out, given in zip(consumer.outputs, consumer.inputs) if given is tensor)
-                continue
-            if consumer.type not in _ROW_SCALING:
-                return False
-            if consumer.type in ("Mul", "RealDiv", "Div") and all(_depends_on(i, values) for i in consumer.inputs):
-                return False
-            frontier.extend(consumer.outputs)
-    return True
-
-
-def _depends_on(tensor, source) -> bool:
-    return tensor is source or source.name in _data_sources(tensor.op)
-
-
 def _reaches(grad, op) -> bool:
-    sources = _data_sources(op)
+    sources = data_sources(op)
     return any(t.name in sources for t in _components(grad))
-
-
-def _data_sources(op) -> set:
-    """The names of every tensor `op`'s data inputs are computed from (not through the step's
-    order of stateful ops); an IdentityN passes each input to its own output only."""
-    found, frontier = set(), list(op.inputs)
-    while frontier:
-        tensor = frontier.pop()
-        if tensor.name in found:
-            continue
-        found.add(tensor.name)
-        source = tensor.op
-        frontier.extend([source.inputs[tensor.value_index]] if source.type == "IdentityN" else source.inputs)
-    return found
-
-
-def read_rows_only(graph_def, handles: set) -> None:
-    """A Keras 3 lookup reads its whole table and gathers rows from the value (GatherV2 of a
-    ReadVariableOp, Shape of one to clamp the ids): on a parameter server that moves the table
-    every step. It reads the rows from the variable instead (ResourceGather, VariableShape), as a
-    tf.compat.v1 lookup does."""
-    nodes = {node.name: node for node in graph_def.node}
-
-    def variable_read(name: str):
-        read = nodes.get(name.split(":")[0])
-        return read.input[0] if read is not None and read.op == "ReadVariableOp" and read.input[0] in handles else None
-
-    for node in graph_def.node:
-        handle = variable_read(node.input[0]) if node.input else None
-        if handle is None:
-            continue
-        if node.op == "GatherV2" and node.attr["batch_dims"].i == 0 and _constant(nodes, node.input[2]) == 0:
-            dtype, index_type = node.attr["Tparams"].type, node.attr["Tindices"].type
-            node.op = "ResourceGather"
-            node.input[:] = [handle, node.input[1]] + [i for i in node.input[3:] if i.startswith("^")]
-            node.attr.clear()
-            node.attr["dtype"].type, node.attr["Tindices"].type = dtype, index_type
-            node.attr["batch_dims"].i = 0
-            node.attr["validate_indices"].b = True
-        elif node.op == "Shape":
-            node.op = "VariableShape"
-            node.input[0] = handle
-
-
-def _constant(nodes: dict, name: str):
-    node = nodes.get(name.split(":")[0])
-    if node is None or node.op != "Const":
-        return None
-    value = tf.make_ndarray(node.attr["value"].tensor)
-    return int(value) if value.ndim == 0 else None
 
 
 def untie_identity_n(graph_def) -> None:
@@ -339,7 +247,12 @@ class Converter:
             value = self.values[id(variable)]
             if owner is not None and made[id(owner)].shape[0] != owner.shape[0]:
                 value = value[ctx.rank::ctx.size]
-            kwargs = dict(initial_value=value, trainable=variable.trainable, name=name,
+            start = _starting_value(value)
+            if variable_hook is not None and variable.trainable:
+                # a rank's graph: rank 0 loads every trainable variable's starting value (the
+                # capture's initial values) over what initialisers give, so none holds a copy
+                start = _zeros(value.shape, variable.dtype)
+            kwargs = dict(initial_value=start, trainable=variable.trainable, name=name,
                           dtype=variable.dtype, use_resource=True, aggregation=variable.aggregation)
 
             def creator(next_creator, **given):
@@ -439,6 +352,19 @@ class TracedOptimizer:
 
     def get_slot(self, variable, name: str):
         return self.slots.get(variable.op.name, {}).get(name)
+
+
+def _starting_value(value: np.ndarray):
+    """A variable's starting value in a graph: one of a single number (zeros, an accumulator's
+    start) as a fill; any other as a constant, which every graph built holds a copy of."""
+    flat = value.reshape(-1)
+    if flat.size > 1 and value.dtype.kind in "biuf" and (flat == flat[0]).all():
+        return lambda: tf.fill(value.shape, tf.constant(flat[0], dtype=value.dtype))
+    return value
+
+
+def _zeros(shape, dtype):
+    return lambda: tf.zeros(shape, dtype.base_dtype)
 
 
 def _without_control_identity(tensor):
