@@ -152,7 +152,8 @@ def _build_rank_graph(front_end, opts, ctx, plan, topo, run_id) -> rank_run.Rank
         entries = collect_state(dgraph, layouts)
         state_io = StateIO(entries, averaged=[v.name for v in plan.on_route(ROUTE_LOCAL) if v.params.get("combine") == "mean"],
                            num_ranks=topo.size, owners=_owners(plan, entries), rank=topo.rank,
-                           dynamic=DynamicState(dynamic.tables(graph)) if dynamic.tables(graph) else None)
+                           dynamic=DynamicState(dynamic.tables(graph)) if dynamic.tables(graph) else None,
+                           read_everywhere=getattr(front_end, "writes_back", False))
     placement.settle(graph, topo.server_ranks, topo.device_type)
     graph.finalize()
     on_cpu_instead = _ops_without_gpu_kernel(graph, topo, opts.verbose)
@@ -207,7 +208,7 @@ def _train_steps(input_fn, opts, topo, ctx, captured, built, ran, phases) -> ran
     threads = stats.thread_cpu_per_step()   # before the barrier and the variables' read-back
     with ran.guard("collecting results"):
         dgraph.barrier.wait(sess, "trained", ran.alive, opts.timeout_s)
-        variables = state_io.read(sess, keys=ran.results)
+        variables = state_io.read(sess, keys=ran.results, everywhere=state_io.shares_reads)
         global_step = int(sess.run(dgraph.global_step))
         report = dgraph.runner.final_report(sess)
         histograms = report.get("histograms", {})

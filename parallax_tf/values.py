@@ -117,6 +117,10 @@ def _offset(var) -> int:
     return info.var_offset[0] if info is not None and info.var_offset else 0
 
 
+# dtypes Horovod's allreduce sums (what StateIO's shared reads hand every rank)
+_SUMMABLE = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
+
+
 class StateIO:
     """Placeholders and assign ops for every piece; built while the graph is still open.
 
@@ -126,10 +130,14 @@ class StateIO:
     owners are kept by every rank. Reading averaged or owned keys is collective, so every rank
     must call `read` with them at the same point. Keys of layout "ranks" are sharded over the
     ranks themselves: every rank calls `scatter` (rank 0 with the values) to load them, and
-    reading them is collective too."""
+    reading them is collective too. With `read_everywhere`, `read(..., everywhere=True)` (every
+    rank at the same point) reads each parameter-server piece once, on rank 0, and hands it to
+    every rank through one sum (a ring: each link carries the state about twice), where every
+    rank reading it would take N times the state out of each server."""
 
     def __init__(self, entries: Dict[str, Entry], averaged=(), num_ranks: int = 1,
-                 owners: Optional[Dict[str, List[int]]] = None, rank: int = 0, dynamic=None):
+                 owners: Optional[Dict[str, List[int]]] = None, rank: int = 0, dynamic=None,
+                 read_everywhere: bool = False):
         self.entries = entries
         self.dynamic = dynamic          # the dynamic tables' contents (parallax_tf.dynamic.state), if any
         self._dynamic_keys = set(dynamic.keys()) if dynamic is not None else set()
@@ -179,6 +187,30 @@ class StateIO:
                             self._read[name] = hvd.allreduce(
                                 self._read[name] * tf.cast(share, self._read[name].dtype), op=hvd.Sum,
                                 name="parallax_mean_" + tag)
+            self._everywhere = self._shared_reads(rank) if read_everywhere and num_ranks > 1 else {}
+
+    def _shared_reads(self, rank: int) -> Dict[str, tf.Tensor]:
+        """Variable name -> its value on every rank, read by rank 0 alone (PS pieces that are
+        read as they are: not averaged, owned or sharded over the ranks)."""
+        import horovod.tensorflow as hvd
+        special = {p.variable.name for k in self.averaged | self.owned | self.on_ranks
+                   for copy in self.entries[k].copies for p in copy}
+        shared = {}
+        for entry in self.entries.values():
+            for piece in entry.copies[0]:
+                var = piece.variable
+                if var.name in special or var.name in shared or "/job:ps" not in (var.device or "") or \
+                        var.dtype.base_dtype not in _SUMMABLE:
+                    continue
+                source = self._read[var.name] if rank == 0 else tf.zeros(var.shape, var.dtype.base_dtype)
+                shared[var.name] = hvd.allreduce(source, op=hvd.Sum,
+                                                 name="parallax_everywhere_" + var.name.replace(":", "_").replace("/", "_"))
+        return shared
+
+    @property
+    def shares_reads(self) -> bool:
+        """Whether `read(..., everywhere=True)` shares rank 0's reads (which every rank must then call)."""
+        return bool(self._everywhere)
 
     @property
     def keys(self) -> List[str]:
@@ -225,14 +257,16 @@ class StateIO:
     def collective(self) -> bool:
         return bool(self.averaged or self.owned or self.on_ranks)
 
-    def read(self, sess, keys=None) -> Dict[str, np.ndarray]:
-        """Whole values by key. Collective when the keys include averaged state."""
+    def read(self, sess, keys=None, everywhere: bool = False) -> Dict[str, np.ndarray]:
+        """Whole values by key. Collective when the keys include averaged state, or `everywhere`
+        (parameter-server pieces read once and shared, see the class)."""
         keys = self.keys if keys is None else keys
         tables = [k for k in keys if k in self._dynamic_keys]
         found = self.dynamic.read(sess, tables) if tables else {}
         keys = [k for k in keys if k not in self._dynamic_keys]
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
-        raw = sess.run({name: self._read[name] for name in wanted})
+        reads = {**self._read, **self._everywhere} if everywhere else self._read
+        raw = sess.run({name: reads[name] for name in wanted})
         for name, (_, shard) in self._scatter.items():
             if name in raw:
                 raw[name] = shard.whole(raw[name])
