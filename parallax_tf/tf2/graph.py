@@ -180,8 +180,6 @@ def slots(trace_updates: List[_Update], writes: _Writes, found: _Captured) -> Di
     return owners
 
 
-# What a sparse gradient's rows may pass through in an apply that adds repeated rows up: scaling
-# by what does not depend on them, and the ops that sum rows into a variable or a dense tensor.
 def _reaches(grad, op) -> bool:
     sources = data_sources(op)
     return any(t.name in sources for t in _components(grad))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+# What a sparse gradient's rows may pass through in an apply that adds repeated rows up: scaling
+# by what does not depend on them, and the ops that sum rows into a variable or a dense tensor.
 _ROW_SCALING = frozenset({"Identity", "Cast", "Neg", "Mul", "RealDiv", "Div", "Reshape", "ExpandDims", "Squeeze"})
 _ROW_SUMS = frozenset({"UnsortedSegmentSum", "ResourceScatterAdd", "ResourceScatterSub", "ScatterNd",
                        "TensorScatterAdd", "TensorScatterSub"})
