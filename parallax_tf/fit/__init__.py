@@ -70,17 +70,10 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     built_metrics = BuiltMetrics()
     epoch_ends = EpochEnds(spec, data.per_epoch, initial_epoch, epochs, data.rows_of, built_metrics, callbacks,
                            history, validate, verbose)
-
-    def input_fn(ctx):
-        batch = data.batch(ctx.step)
-        rows = len(next(iter(batch.values())))
-        mine = np.array_split(np.arange(rows), ctx.size)[ctx.rank]
-        return {**{name: array[mine] for name, array in batch.items()}, GLOBAL_ROWS: np.float32(rows)}
-
     if verbose in (0, 2):
         options.setdefault("log_every", 0)
     spec.model.stop_training = False
-    result = run(fit_model_fn(spec, data.first(), lambda ctx: ctx.size, built_metrics), input_fn,
+    result = run(fit_model_fn(spec, data.first(), lambda ctx: ctx.size, built_metrics), _rank_shares(data),
                  steps=(epochs - initial_epoch) * data.per_epoch, hooks=[epoch_ends], **options)
     history.plan = result.plan
     history.rank, history.size = result.rank, result.size
@@ -88,6 +81,17 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         spec.set_weights(result.variables)
     spec.model.history = history
     return history
+
+
+def _rank_shares(data):
+    """input_fn of the run: this rank's rows of step's global batch (np.array_split over the
+    ranks) and the global batch's row count."""
+    def input_fn(ctx):
+        batch = data.batch(ctx.step)
+        rows = len(next(iter(batch.values())))
+        mine = np.array_split(np.arange(rows), ctx.size)[ctx.rank]
+        return {**{name: array[mine] for name, array in batch.items()}, GLOBAL_ROWS: np.float32(rows)}
+    return input_fn
 
 
 def _first_inputs(x):
