@@ -146,10 +146,11 @@ class WideDeep:
         return tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits)
 
 
-def step_and_dataset(name: str, sizes: dict, input_fn, steps: int, ranks: int):
+def step_and_dataset(name: str, sizes: dict, input_fn, steps: int, ranks: int, per_rank: bool = False):
     """(the TF2 step, the dataset of global batches) of the model for ptf.run: batch k joins the
     `ranks` ranks' batches of step k as the model_fn form's input_fn gives them, so each rank
-    trains on the rows it would there."""
+    trains on the rows it would there. `per_rank` (for --shard_reading, which reads elements
+    r, r+N, ... on rank r): element k*N + r is rank r's batch of step k instead."""
     model = build(name, sizes)
 
     @tf.function
@@ -166,7 +167,7 @@ def step_and_dataset(name: str, sizes: dict, input_fn, steps: int, ranks: int):
     batches = []
     for step in range(steps):
         parts = [input_fn(RunContext(r, ranks, 0, 1, step)) for r in range(ranks)]
-        batches.append({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
+        batches.extend(parts if per_rank else [{key: np.concatenate([p[key] for p in parts]) for key in parts[0]}])
     dataset = tf.data.Dataset.from_tensor_slices({key: np.stack([b[key] for b in batches]) for key in batches[0]})
     if name == "recsys":
         dataset = dataset.map(model.ids)

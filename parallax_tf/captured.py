@@ -24,7 +24,7 @@ class VariableInfo:
     user_partitioned: bool
     part_names: List[str]          # the variables holding it in the capture graph
     part_rows: List[int]
-    from_get_variable: bool        # only get_variable variables can be partitioned by us
+    split_refusal: str             # why the toolkit cannot split it into row shards ("": it can)
     # its apply needs a sparse gradient's repeated rows one by one (not summed per id first)
     rows_each: bool = False
 

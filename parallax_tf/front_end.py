@@ -9,7 +9,7 @@ its training_record.Training:
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol
 
 from parallax_tf import training_graph
 from parallax_tf.model import RunContext
@@ -22,10 +22,13 @@ class FrontEnd(Protocol):
     traced: bool        # a traced step imported into each graph (only some strategies rewrite it)
 
     def build(self, ctx: RunContext, variable_hook=None, shard: bool = True,
-              input_decisions: Optional[List[InputDecision]] = None) -> Training:
+              input_decisions: Optional[List[InputDecision]] = None,
+              row_splits: Optional[Dict[str, List[int]]] = None) -> Training:
         """The model's training graph in the current default graph, and its record. `shard`
         (--shard_input) and `input_decisions` (the plan's): how the tf.data pipelines it builds
-        are read by ctx's ranks (parallax_tf.input_shard)."""
+        are read by ctx's ranks (parallax_tf.input_shard). `row_splits`: variable -> the rows
+        of each shard the plan splits it into (a front end whose record has `split_refusals`
+        splits them; a model_fn's are split by the rewriter's get_variable partitioner)."""
 
 
 class ModelFn:
@@ -38,7 +41,8 @@ class ModelFn:
         self.model_fn = model_fn
 
     def build(self, ctx: RunContext, variable_hook=None, shard: bool = True,
-              input_decisions: Optional[List[InputDecision]] = None) -> Training:
+              input_decisions: Optional[List[InputDecision]] = None,
+              row_splits: Optional[Dict[str, List[int]]] = None) -> Training:
         return training_graph.build(self.model_fn, ctx, variable_hook=variable_hook, shard=shard,
                                     input_decisions=input_decisions)
 

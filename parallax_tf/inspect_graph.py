@@ -197,9 +197,18 @@ def _describe_variables(built: _ModelParts, found: _Evaluated, forward: set) -> 
             rows_touched=found.rows.get(name, (None, None))[0], gathered_bytes=found.rows.get(name, (None, None))[1],
             user_partitioned=len(parts) > 1 or tf_shim.save_slice_info(parts[0]) is not None,
             part_names=[p.op.name for p in parts], part_rows=[int(p.shape[0]) for p in parts] if whole.ndim else [],
-            from_get_variable=name in built.from_get_variable,
+            split_refusal=_split_refusal(name, parts, built),
             rows_each=any(p.op.name in built.training.rows_each for p in parts)))
     return infos, initial
+
+
+def _split_refusal(name: str, parts, built: _ModelParts) -> str:
+    """Why the toolkit cannot split a variable into row shards ("" when it can): a model_fn's
+    only through get_variable's partitioner, a traced step's as its front end says."""
+    refusals = built.training.split_refusals
+    if refusals is None:
+        return "" if name in built.from_get_variable else "created by tf.Variable (use get_variable to partition)"
+    return refusals.get(parts[0].op.name, "")
 
 
 def _initialise(sess, initializers) -> None:

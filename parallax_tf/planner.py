@@ -128,9 +128,9 @@ def _partition_count(info: VariableInfo, count, entry) -> int:
     rows = info.shape[0] if info.shape else 1
     if info.gradient != "sparse" or rows < 2:
         return 1
-    if not info.from_get_variable:
+    if info.split_refusal:
         if wanted > 1:
-            entry.reason += "; not partitioned: created by tf.Variable (use get_variable to partition)"
+            entry.reason += f"; not partitioned: {info.split_refusal}"
         return 1
     if by:
         entry.reason += f"; {min(wanted, rows)} partition(s) ({by})"

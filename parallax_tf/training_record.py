@@ -7,7 +7,7 @@ global step, and the tf.data pipelines the front end made."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -50,6 +50,9 @@ class Training:
     # variable op names whose apply is not a sum over a sparse gradient's rows (a TF2 optimizer
     # that squares each row): repeated ids must reach it row by row, not summed first
     rows_each: set = dataclasses.field(default_factory=set)
+    # a front end that splits variables into row shards itself (a traced step): variable op name
+    # -> why it cannot split that one. None: get_variable's partitioner splits them (a model_fn).
+    split_refusals: Optional[Dict[str, str]] = None
 
     def raw_gradients(self) -> Dict[str, tuple]:
         """Applied variable (op name) -> (its raw gradient, the gradient call it came from)."""

@@ -266,13 +266,38 @@ class StateIO:
         keys = [k for k in keys if k not in self._dynamic_keys]
         wanted = {p.variable.name for k in keys for p in self.entries[k].copies[0]}
         reads = {**self._read, **self._everywhere} if everywhere else self._read
-        raw = sess.run({name: reads[name] for name in wanted})
+        raw = {}
+        for names in _batches(sorted(wanted), {name: _nbytes(reads[name]) for name in wanted}):
+            raw.update(sess.run({name: reads[name] for name in names}))
         for name, (_, shard) in self._scatter.items():
             if name in raw:
                 raw[name] = shard.whole(raw[name])
         found.update({k: merge([raw[p.variable.name] for p in self.entries[k].copies[0]], self.entries[k].layout,
                                self.entries[k].shape) for k in keys})
         return found
+
+
+# A read of state moves at most about this much per session run (a piece larger goes alone):
+# each run is a wait of its own under --timeout_s, which a slow link may stretch past that for
+# the whole state at once (lm's 50 MB of weights and slots to every rank at 10 Mbit).
+_READ_BATCH_BYTES = 8 << 20
+
+
+def _nbytes(tensor) -> int:
+    count = tensor.shape.num_elements()
+    return (count or 0) * tensor.dtype.base_dtype.size
+
+
+def _batches(names: List[str], sizes: Dict[str, int]) -> List[List[str]]:
+    """`names` in order, in runs of at most _READ_BATCH_BYTES (every rank makes the same runs)."""
+    batches, current, total = [], [], 0
+    for name in names:
+        if current and total + sizes[name] > _READ_BATCH_BYTES:
+            batches.append(current)
+            current, total = [], 0
+        current.append(name)
+        total += sizes[name]
+    return batches + ([current] if current else [])
 
 
 class _RankShard:

@@ -13,13 +13,16 @@ import parallax_tf as ptf
 from tests import launch, reference
 
 STRATEGIES = ["hybrid", "ps", "allreduce", "collective", "auto"]
+# run with --partitions=7: the table (60 rows) split into 7 shards where its updates allow it
+SPLIT = ("module_split", "tf_keras_adagrad_split", "legacy_ftrl_split", "keras3_wide_split")
 # one job per rank count, each run a case on a strategy (tests/jobs/tf2_cases.py)
 RUNS = {2: [f"{case}:{strategy}" for case in ("keras3_wide", "module") for strategy in STRATEGIES]
         + ["keras3_metric:hybrid", "tf_keras_adagrad:hybrid", "keras3_fit_mlp:hybrid", "keras3_fit_wide:hybrid",
-           "module_shard_reading:hybrid", "guide_training_loop:hybrid", "structured_fit:hybrid"],
+           "module_shard_reading:hybrid", "guide_training_loop:hybrid", "structured_fit:hybrid"]
+        + [f"{case}:hybrid" for case in SPLIT],
         3: ["keras3_wide:hybrid", "module:ps", "tf_keras_adagrad:collective", "keras3_metric:allreduce",
-            "keras3_fit_wide:ps", "module_shard_reading:allreduce"]}
-ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide", "structured_fit")
+            "keras3_fit_wide:ps", "module_shard_reading:allreduce", "module_split:ps", "legacy_ftrl_split:hybrid"]}
+ADAM = ("keras3_wide", "keras3_fit_mlp", "keras3_fit_wide", "structured_fit", "keras3_wide_split")
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,6 +77,22 @@ def test_the_table_is_on_the_parameter_servers_under_hybrid():
     assert routes("module.hybrid", "table") == {"ps"} and routes("module.hybrid", "w") == {"allreduce"}
     assert routes("module.collective", "table") == {"alltoall"}
     assert routes("keras3_wide.collective", "embedding") == {"allreduce"}
+
+
+def test_a_table_whose_updates_are_row_by_row_is_split_into_the_plans_shards():
+    """A hand-written scatter, tf_keras' Adagrad and the legacy fused FTRL update a table row by
+    row: the plan splits it (--partitions=7, uneven shards) and it trains exactly (above). Keras
+    3's Adam writes the whole table, so it stays whole and the plan says why."""
+    def plan(run: str, ranks: int = 2) -> dict:
+        return json.loads(str(np.load(os.path.join(_job(ranks), f"{run}.rank0.npz"))["extra"]))
+    for run, table in [("module_split.hybrid", "table"), ("tf_keras_adagrad_split.hybrid", "embedding"),
+                       ("legacy_ftrl_split.hybrid", "embedding")]:
+        shards = {name: count for name, count in plan(run)["shards"].items() if table in name}
+        assert list(shards.values()) == [7], (run, shards)
+    assert plan("module_split.ps", 3)["shards"] == {"table": 7, "w": 1}
+    reasons = {name: why for name, why in plan("keras3_wide_split.hybrid")["reasons"].items() if "embedding" in name}
+    assert [why.split("; ")[-1] for why in reasons.values()] == \
+        ["not partitioned: the step reads or writes it whole (AssignSubVariableOp step/adam/AssignSubVariableOp)"]
 
 
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly():
@@ -162,3 +181,13 @@ def test_the_plan_names_the_steps_variables_by_their_keras_paths():
     model_name = model.name
     assert {v.name: v.route for v in plan.variables} == {f"{model_name}/out/kernel": "allreduce",
                                                          f"{model_name}/out/bias": "allreduce"}
+
+
+def test_the_trained_state_is_read_back_in_runs_of_bounded_size():
+    """Each session run of the read-back (every rank's write-back) is a wait of its own under
+    --timeout_s: no run moves more than 8 MB, unless one piece alone is larger."""
+    from parallax_tf import values
+    mb = 1 << 20
+    sizes = {"a": 5 * mb, "b": 2 * mb, "c": 3 * mb, "d": 20 * mb, "e": 1 * mb}
+    assert values._batches(sorted(sizes), sizes) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert values._batches([], {}) == []

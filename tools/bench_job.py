@@ -19,7 +19,8 @@ flags.DEFINE_string("bench_runs", None, "A JSON list of runs made one after anot
                     "of flags (--bench_strategy, --model, ...) for it alone: run i's figures go to --out/i/ "
                     "(tools.bench.run_in_one_job).")
 flags.DEFINE_bool("tf2_form", False, "Train --model's TF2 form (models/tf2_forms.py) through ptf.run(train_step, "
-                  "dataset) instead of its model_fn.")
+                  "dataset) instead of its model_fn; with --shard_reading the dataset holds the ranks' own batches, "
+                  "each rank reading its own as a model_fn's sharded input does.")
 FLAGS = flags.FLAGS
 
 
@@ -178,7 +179,7 @@ def train_and_measure() -> dict:
         if FLAGS.tf2_form:
             from models import tf2_forms
             trained, step, dataset = tf2_forms.step_and_dataset(FLAGS.model, tf2_forms.sizes_from_flags(FLAGS.model),
-                                                                input_fn, total, ptf.size())
+                                                                input_fn, total, ptf.size(), FLAGS.shard_reading)
             given = (step, dataset)
         result = ptf.run(*given, steps=total, strategy=FLAGS.bench_strategy, log_every=0,
                          profile_threads_from=FLAGS.warmup, hooks=[link])

@@ -218,6 +218,12 @@ def save_slice_info(variable):
     return variable._get_save_slice_info()
 
 
+def set_save_slice_info(variable, full_name: str, full_shape, offset, shape) -> None:
+    """Records `variable` as rows `offset` of the whole variable `full_name` (as a partitioner does)."""
+    import tensorflow as tf
+    variable._set_save_slice_info(tf.Variable.SaveSliceInfo(full_name, list(full_shape), list(offset), list(shape)))
+
+
 # ---- tf.data ------------------------------------------------------------------------------------
 
 def iterator_makers() -> Tuple[Tuple[type, str], ...]:

@@ -64,8 +64,9 @@ class StepFrontEnd:
     def input_fn(self, shard_reading: bool = False) -> StepInputs:
         return StepInputs(self.dataset, self.converter.inputs, shard_reading)
 
-    def build(self, ctx: RunContext, variable_hook=None, shard: bool = True, input_decisions=None) -> Training:
-        return self.converter.build(ctx, variable_hook)
+    def build(self, ctx: RunContext, variable_hook=None, shard: bool = True, input_decisions=None,
+              row_splits=None) -> Training:
+        return self.converter.build(ctx, variable_hook, row_splits)
 
     def write_back(self, result) -> None:
         """The script's variables take the trained values (by their single-device names). State

@@ -24,6 +24,7 @@ import tensorflow as tf
 from parallax_tf import graph_walk, input_shard
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
+from parallax_tf.tf2 import split, variables
 from parallax_tf.tf2.naming import VariableNames
 from parallax_tf.tf2.rows import data_sources, read_rows_only, rows_each
 from parallax_tf.tf2.trace import Trace
@@ -210,6 +211,7 @@ class Converter:
                              "(optimizer.apply_gradients(zip(grads, variables)), or variable.assign_sub(lr * grad))")
         self.slot_owner = slots(self.updates, self.writes, self.found)
         self.rows_each = rows_each(self.updates)
+        self.tape_grads = {i: g for i, (g, v) in _tape_gradients(trace).items() if v.trainable}
         self.inputs = input_names(trace, element_spec)
         self.names = names
         self.graph_def = trace.graph.as_graph_def()
@@ -221,97 +223,61 @@ class Converter:
         # the values the step starts from, read eagerly once (a build runs in graph mode)
         self.values = {id(v): v.numpy() for v in self.found.variables.values()}
 
-    def build(self, ctx: RunContext, variable_hook=None) -> Training:
+    def build(self, ctx: RunContext, variable_hook=None, row_splits: Optional[Dict[str, List[int]]] = None) -> Training:
         """The step in the current default graph: its variables made through `variable_hook`
-        (next_creator, kwargs, in_apply), as a model_fn's are, and its training record."""
-        made = self._variables(variable_hook, ctx)
+        (next_creator, kwargs, in_apply), as a model_fn's are, each variable named in
+        `row_splits` as shards of those rows (tf2/split.py), and its training record."""
+        made = variables.make(self.found.variables.values(), self.slot_owner, self.names, self.values,
+                              variable_hook, ctx, row_splits or {})
         placeholders = {name: tf.compat.v1.placeholder(t.dtype, t.shape, name=name)
                         for name, t in zip(self.inputs, self.trace.inputs)}
         share = tf.compat.v1.placeholder_with_default(tf.constant(1.0), [], name=SHARE)
         input_map = {f"{t.op.name}:0": placeholders[name] for name, t in zip(self.inputs, self.trace.inputs)}
-        input_map.update({f"{op}:0": made[id(v)].handle for op, v in self.found.variables.items()})
+        input_map.update({f"{op}:0": variables.handle(made[id(v)]) for op, v in self.found.variables.items()})
         input_map.update({f"{op}:0": tf.constant(value) for op, value in self.found.constants.items()})
         tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
-        return self._record(made, share, ctx)
+        graph = tf.compat.v1.get_default_graph()
+        splits, replaced = {}, {}
+        for variable_id, shards in made.items():
+            if isinstance(shards, split.Shards) and variable_id in self.tape_grads:
+                grad = _imported_gradient(graph, self.tape_grads[variable_id])
+                splits[variable_id] = (grad, shards.rows_of(grad))
+                replaced.update(split.apply_split(shards, grad, splits[variable_id][1]))
+        split.reorder(graph, replaced)
+        return self._record(made, share, ctx, splits, replaced)
 
-    def _variables(self, variable_hook, ctx: RunContext) -> Dict[int, tf.Variable]:
-        """Every captured variable made anew (slots inside their variable's apply, next to it; a
-        slot of a variable the hook made this rank's rows of holds the same rows, r, r+N, ...)."""
-        made: Dict[int, tf.Variable] = {}
-        ordered = sorted(self.found.variables.values(), key=lambda v: id(v) in self.slot_owner)
-        for variable in ordered:
-            owner = self.slot_owner.get(id(variable))
-            name = self.names.of(variable, owner)
-            value = self.values[id(variable)]
-            if owner is not None and made[id(owner)].shape[0] != owner.shape[0]:
-                value = value[ctx.rank::ctx.size]
-            start = _starting_value(value)
-            if variable_hook is not None and variable.trainable:
-                # a rank's graph: rank 0 loads every trainable variable's starting value (the
-                # capture's initial values) over what initialisers give, so none holds a copy
-                start = _zeros(value.shape, variable.dtype)
-            kwargs = dict(initial_value=start, trainable=variable.trainable, name=name,
-                          dtype=variable.dtype, use_resource=True, aggregation=variable.aggregation)
-
-            def creator(next_creator, **given):
-                if variable_hook is None:
-                    return next_creator(**given)
-                return variable_hook(next_creator, given, in_apply=owner is not None)
-            with tf.variable_creator_scope(creator):
-                if owner is not None:
-                    with tf.compat.v1.colocate_with(made[id(owner)].op):
-                        made[id(variable)] = tf.Variable(**kwargs)
-                else:
-                    made[id(variable)] = tf.Variable(**kwargs)
-        return made
-
-    def _record(self, made: Dict[int, tf.Variable], share, ctx) -> Training:
+    def _record(self, made: Dict[int, object], share, ctx, splits: Dict[int, tuple], replaced: dict) -> Training:
         graph = tf.compat.v1.get_default_graph()
 
         def here(tensor):
-            return graph.get_tensor_by_name(f"{IMPORTED}/{tensor.name}")
+            return _imported(graph, tensor)
 
         def here_op(op):
             return graph.get_operation_by_name(f"{IMPORTED}/{op.name}")
 
-        def gradient(grad):
-            if isinstance(grad, tf.IndexedSlices):
-                return tf.IndexedSlices(here(grad.values), here(grad.indices),
-                                        here(grad.dense_shape) if grad.dense_shape is not None else None)
-            return here(grad)
+        def run_instead(ops):       # an op of the trace, or what replaces it in this graph
+            return [new for op in ops for new in replaced.get(here_op(op), [here_op(op)])]
+
+        def per_variable(variable, grad) -> list:
+            """(variable, gradient) pairs of a captured variable: one per shard when it is split."""
+            if id(variable) in splits:
+                return list(zip(made[id(variable)].parts, splits[id(variable)][1]))
+            return [(made[id(variable)], _imported_gradient(graph, grad))]
 
         calls = []
         for call in self.trace.tape_calls:
-            kept = [(made[id(_tf_variable(s))], gradient(g)) for s, g in zip(call.sources, call.grads)
-                    if g is not None and id(_tf_variable(s)) in made]
+            kept = [pair for s, g in zip(call.sources, call.grads) if g is not None and id(_tf_variable(s)) in made
+                    for pair in per_variable(_tf_variable(s), g)]
             targets = [here(_without_control_identity(t)) for t in call.targets]
             grad_ys = [share * tf.ones_like(t) for t in targets] if call.output_gradients is None else \
                 [share * here(t) for t in call.output_gradients]
             calls.append(GradientCall(targets, grad_ys, [v for v, _ in kept], [g for _, g in kept]))
-        applies = []
-        for update in self.updates:
-            created = {f"{IMPORTED}/{op.name}" for op in update.ops}
-            slots: Dict[str, Dict[str, tf.Variable]] = {}
-            made_ops, its_own = set(update.ops), _optimizer_variables(update.optimizer)
-            for variable in self.found.variables.values():
-                owner = self.slot_owner.get(id(variable))
-                if not variable.trainable and (id(variable) in its_own or
-                                               any(w in made_ops for w in self.writes.of(variable))):
-                    created.add(made[id(variable)].op.name)     # the optimizer's state, not the model's
-                if owner is not None and any(owner is v for _, v in update.pairs):
-                    slot = made[id(variable)]
-                    created.add(slot.op.name)
-                    slots.setdefault(made[id(owner)].op.name, {})[slot.op.name.rsplit("/", 1)[-1]] = slot
-            writes = [here_op(op) for op in update.ops if _writes(op)]
-            pairs = [(gradient(g), made[id(v)]) for g, v in update.pairs]
-            counter = made.get(id(update.counter)) if update.counter is not None else None
-            applies.append(Apply(TracedOptimizer(update.optimizer, slots), pairs, None, tf.group(*writes), created,
-                                 counter))
+        applies = [self._apply(update, made, per_variable, run_instead) for update in self.updates]
         outputs = {name: here(_without_control_identity(t)) for name, t in self.trace.outputs.items()}
         loss = tf.cast(outputs.pop("loss"), tf.float32) * share
         metrics = {name: tf.cast(value, tf.float32) * share for name, value in outputs.items()}
         check_metrics(metrics)
-        stateful = [here_op(op) for op in self.trace.graph.control_outputs]
+        stateful = run_instead(self.trace.graph.control_outputs)
         train_op = tf.group(*stateful, *[a.op for a in applies])
         model = Model(loss=loss, train_op=train_op, metrics=metrics or None)
         # An optimizer's own counter stays its own (every rank advances its copy, as every rank
@@ -319,7 +285,54 @@ class Converter:
         return Training(model=model, loss=loss, train_op=train_op, applies=applies, gradient_calls=calls,
                         global_step=None, keras_layers={},
                         inputs=input_shard.Scope(ctx, False),
-                        rows_each={made[i].op.name for i in self.rows_each if i in made})
+                        rows_each={made[i].op.name for i in self.rows_each if isinstance(made.get(i), tf.Variable)},
+                        split_refusals=self._split_refusals(graph, made))
+
+    def _apply(self, update: _Update, made: Dict[int, object], per_variable, run_instead) -> Apply:
+        """One update of the trace as the record's Apply: what it writes, its slots (per shard
+        of a split variable), the ops it made (the optimizer's, not the model's)."""
+        created = {op.name for op in run_instead(update.ops)} | {f"{IMPORTED}/{op.name}" for op in update.ops}
+        slots: Dict[str, Dict[str, tf.Variable]] = {}
+        made_ops, its_own = set(update.ops), _optimizer_variables(update.optimizer)
+        for variable in self.found.variables.values():
+            owner = self.slot_owner.get(id(variable))
+            pieces = variables.pieces(made[id(variable)])
+            if not variable.trainable and (id(variable) in its_own or
+                                           any(w in made_ops for w in self.writes.of(variable))):
+                created.update(p.op.name for p in pieces)     # the optimizer's state, not the model's
+            if owner is not None and any(owner is v for _, v in update.pairs):
+                for slot, part in zip(pieces, variables.pieces(made[id(owner)])):
+                    created.add(slot.op.name)
+                    slots.setdefault(part.op.name, {})[slot.op.name.rsplit("/", 1)[-1]] = slot
+        writes = [op for op in run_instead([op for op in update.ops if _writes(op)])]
+        pairs = [(g, v) for grad, variable in update.pairs for v, g in per_variable(variable, grad)]
+        counter = made.get(id(update.counter)) if update.counter is not None else None
+        return Apply(TracedOptimizer(update.optimizer, slots), pairs, None, tf.group(*writes), created, counter)
+
+    def _split_refusals(self, graph, made: Dict[int, object]) -> Dict[str, str]:
+        """Trainable variable op name -> why it cannot be split into row shards (split.refusal)."""
+        refusals = {}
+        for variable_id, grad in self.tape_grads.items():
+            variable = made.get(variable_id)
+            if not isinstance(variable, tf.Variable):
+                continue
+            slot_handles = [made[i].handle for i, owner in self.slot_owner.items()
+                            if id(owner) == variable_id and isinstance(made.get(i), tf.Variable)]
+            reason = split.refusal(variable.handle, slot_handles, _imported_gradient(graph, grad), IMPORTED)
+            if reason:
+                refusals[variable.op.name] = reason
+        return refusals
+
+
+def _imported(graph, tensor) -> tf.Tensor:
+    return graph.get_tensor_by_name(f"{IMPORTED}/{tensor.name}")
+
+
+def _imported_gradient(graph, grad):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(_imported(graph, grad.values), _imported(graph, grad.indices),
+                                _imported(graph, grad.dense_shape) if grad.dense_shape is not None else None)
+    return _imported(graph, grad)
 
 
 def _held(optimizer) -> list:
@@ -350,19 +363,6 @@ class TracedOptimizer:
 
     def get_slot(self, variable, name: str):
         return self.slots.get(variable.op.name, {}).get(name)
-
-
-def _starting_value(value: np.ndarray):
-    """A variable's starting value in a graph: one of a single number (zeros, an accumulator's
-    start) as a fill; any other as a constant, which every graph built holds a copy of."""
-    flat = value.reshape(-1)
-    if flat.size > 1 and value.dtype.kind in "biuf" and (flat == flat[0]).all():
-        return lambda: tf.fill(value.shape, tf.constant(flat[0], dtype=value.dtype))
-    return value
-
-
-def _zeros(shape, dtype):
-    return lambda: tf.zeros(shape, dtype.base_dtype)
 
 
 def _without_control_identity(tensor):

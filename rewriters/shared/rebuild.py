@@ -85,6 +85,7 @@ def _build_placed(request: BuildRequest, on_servers, on_ranks: dict, step_on_ser
     if (on_servers or step_on_server) and plan.global_step:
         ps_device[plan.global_step] = "/job:ps/task:0"   # one global step, read and advanced by all
     auto_parts = {v.name: v.partitions for v in on_servers if v.partitions > 1 and not v.user_partitioned}
+    row_splits = {v.name: [s.row_end - s.row_start for s in v.shards] for v in on_servers if v.name in auto_parts}
     slot_prefixes = tuple(f"{name}/" for name in ps_device)
 
     def place(op):
@@ -117,7 +118,7 @@ def _build_placed(request: BuildRequest, on_servers, on_ranks: dict, step_on_ser
         stack.enter_context(graph.device(place))  # a device function: tf.device takes only strings
         stack.enter_context(tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter))
         return request.front_end.build(request.ctx, variable_hook=create_variable, shard=request.shard_input,
-                                       input_decisions=request.plan.inputs)
+                                       input_decisions=request.plan.inputs, row_splits=row_splits)
 
 
 def _own_rows_and_gradients(request, training, parts, pulled: set, sparse_on_ps: set, on_ranks: dict) -> Rebuilt:

@@ -54,14 +54,16 @@ def _weighted_step(model, optimizer):
     return step
 
 
-def keras3_wide(strategy, hooks):
+def keras3_wide(strategy, hooks, **options):
     model, optimizer = _keras3_wide()
-    result = ptf.run(_weighted_step(model, optimizer), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
+    result = ptf.run(_weighted_step(model, optimizer), _wide_data(), strategy=strategy, hooks=hooks, log_every=0,
+                     **options)
     reference, ref_optimizer = _keras3_wide()
     step = _weighted_step(reference, ref_optimizer)
     want = [float(step(*element)) for element in _wide_data()]
     return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights],
-                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables}})
+                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables},
+                                              **_split_plan(result)})
 
 
 def _mlp_data():
@@ -107,12 +109,13 @@ def keras3_metric(strategy, hooks):
                                               "reference_count": float(ref_accuracy.count.numpy())})
 
 
-def _tf_keras_model():
+def _tf_keras_model(optimizer: str = "Adagrad"):
     import tf_keras
     tf_keras.utils.set_random_seed(4)
     ids = tf_keras.Input((3,), dtype="int64")
     rows = tf_keras.layers.GlobalAveragePooling1D()(tf_keras.layers.Embedding(60, 4)(ids))
-    return tf_keras.Model(ids, tf_keras.layers.Dense(1)(rows)), tf_keras.optimizers.Adagrad(0.3)
+    made = tf_keras.optimizers.legacy.Ftrl(0.3) if optimizer == "legacy_ftrl" else tf_keras.optimizers.Adagrad(0.3)
+    return tf_keras.Model(ids, tf_keras.layers.Dense(1)(rows)), made
 
 
 def _tf_keras_step(model, optimizer):
@@ -126,14 +129,44 @@ def _tf_keras_step(model, optimizer):
     return step
 
 
-def tf_keras_adagrad(strategy, hooks):
-    model, optimizer = _tf_keras_model()
-    result = ptf.run(_tf_keras_step(model, optimizer), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
-    reference, ref_optimizer = _tf_keras_model()
+def tf_keras_adagrad(strategy, hooks, optimizer: str = "Adagrad", **options):
+    model, made = _tf_keras_model(optimizer)
+    result = ptf.run(_tf_keras_step(model, made), _wide_data(), strategy=strategy, hooks=hooks, log_every=0,
+                     **options)
+    reference, ref_optimizer = _tf_keras_model(optimizer)
     step = _tf_keras_step(reference, ref_optimizer)
     want = [float(step(*element)) for element in _wide_data()]
-    return Outcome([w.numpy() for w in model.weights], [w.numpy() for w in reference.weights],
-                   result.mean_losses, want)
+    return Outcome([w.numpy() for w in model.weights + _variables_of(made)],
+                   [w.numpy() for w in reference.weights + _variables_of(ref_optimizer)], result.mean_losses, want,
+                   _split_plan(result))
+
+
+def _variables_of(optimizer) -> list:
+    """An optimizer's variables (slots included): a method of a legacy tf_keras optimizer."""
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
+
+
+def _split_plan(result) -> dict:
+    return {"shards": {v.name: len(v.shards) for v in result.plan.variables},
+            "reasons": {v.name: v.reason for v in result.plan.variables}}
+
+
+# --partitions=7: the table's 60 rows in shards of 9, 9, 9, 9, 8, 8, 8 rows
+def tf_keras_adagrad_split(strategy, hooks):
+    return tf_keras_adagrad(strategy, hooks, partitions=7)
+
+
+def legacy_ftrl_split(strategy, hooks):
+    return tf_keras_adagrad(strategy, hooks, optimizer="legacy_ftrl", partitions=7)
+
+
+def module_split(strategy, hooks):
+    return module(strategy, hooks, partitions=7)
+
+
+def keras3_wide_split(strategy, hooks):
+    return keras3_wide(strategy, hooks, partitions=7)
 
 
 class Regression(tf.Module):
@@ -160,14 +193,16 @@ def _hand_written_step(module):
     return step
 
 
-def module(strategy, hooks):
+def module(strategy, hooks, **options):
     trained = Regression()
-    result = ptf.run(_hand_written_step(trained), _wide_data(), strategy=strategy, hooks=hooks, log_every=0)
+    result = ptf.run(_hand_written_step(trained), _wide_data(), strategy=strategy, hooks=hooks, log_every=0,
+                     **options)
     reference = Regression()
     step = _hand_written_step(reference)
     want = [float(step(*element)) for element in _wide_data()]
     return Outcome([trained.table.numpy(), trained.w.numpy()], [reference.table.numpy(), reference.w.numpy()],
-                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables}})
+                   result.mean_losses, want, {"plan": {v.name: v.route for v in result.plan.variables},
+                                              **_split_plan(result)})
 
 
 def module_shard_reading(strategy, hooks):
@@ -334,4 +369,5 @@ def keras3_fit_wide(strategy, hooks):
 
 CASES = {"guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
          "module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
-         "module": module, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}
+         "module": module, "tf_keras_adagrad_split": tf_keras_adagrad_split, "legacy_ftrl_split": legacy_ftrl_split,
+         "module_split": module_split, "keras3_wide_split": keras3_wide_split, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}
