@@ -3,6 +3,7 @@ on one device, on real ranks (tests/jobs/tf2_job.py), and what the TF2 front end
 import functools
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -91,8 +92,9 @@ def test_a_table_whose_updates_are_row_by_row_is_split_into_the_plans_shards():
         assert list(shards.values()) == [7], (run, shards)
     assert plan("module_split.ps", 3)["shards"] == {"table": 7, "w": 1}
     reasons = {name: why for name, why in plan("keras3_wide_split.hybrid")["reasons"].items() if "embedding" in name}
-    assert [why.split("; ")[-1] for why in reasons.values()] == \
-        ["not partitioned: the step reads or writes it whole (AssignSubVariableOp step/adam/AssignSubVariableOp)"]
+    [why] = reasons.values()       # Keras names the optimizer after those made before it in the job
+    assert re.fullmatch(r"not partitioned: the step reads or writes it whole \(AssignSubVariableOp "
+                        r"step/adam(_\d+)?/AssignSubVariableOp\)", why.split("; ")[-1]), why
 
 
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly():
