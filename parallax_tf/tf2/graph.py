@@ -3,11 +3,12 @@
 The trace's graph is imported into the graph being built (inspection's, or a rank's rewrite),
 with its inputs fed by placeholders and every variable it captured replaced by one made here
 through the rewriter's variable hook, so the plan places it as it places a model_fn's
-variables. What the trace recorded becomes the same `training_record.Training` a model_fn's
-build records: the tape's target as the loss its gradients come from, the tape's gradients as
-the raw gradients, each optimizer apply's ops (or, for a hand-written update, the ops between a
-gradient and its variable's write) as an apply, and the variables an apply writes next to one
-trainable variable, of its shape, as that variable's slots.
+variables (variables.py; a table the plan splits into row shards as split.py splits it). What
+the trace recorded becomes the same `training_record.Training` a model_fn's build records: the
+tape's target as the loss its gradients come from, the tape's gradients as the raw gradients,
+each optimizer apply's ops (or, for a hand-written update, the ops between a gradient and its
+variable's write) as an apply, and the variables an apply writes next to one trainable
+variable, of its shape, as that variable's slots.
 
 Each rank's share of a global batch may be uneven (a short last batch): the loss's gradient is
 taken with its share as `grad_ys` (rows here x data ranks / rows in the global batch), and the
@@ -304,7 +305,7 @@ class Converter:
                 for slot, part in zip(pieces, variables.pieces(made[id(owner)])):
                     created.add(slot.op.name)
                     slots.setdefault(part.op.name, {})[slot.op.name.rsplit("/", 1)[-1]] = slot
-        writes = [op for op in run_instead([op for op in update.ops if _writes(op)])]
+        writes = run_instead([op for op in update.ops if _writes(op)])
         pairs = [(g, v) for grad, variable in update.pairs for v, g in per_variable(variable, grad)]
         counter = made.get(id(update.counter)) if update.counter is not None else None
         return Apply(TracedOptimizer(update.optimizer, slots), pairs, None, tf.group(*writes), created, counter)
