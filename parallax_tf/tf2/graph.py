@@ -27,7 +27,7 @@ from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
 from parallax_tf.tf2 import split, variables
 from parallax_tf.tf2.naming import VariableNames
-from parallax_tf.tf2.rows import data_sources, read_rows_only, rows_each
+from parallax_tf.tf2.rows import components, data_sources, read_rows_only, rows_each
 from parallax_tf.tf2.trace import Trace
 from parallax_tf.training_record import Apply, GradientCall, Training
 
@@ -127,7 +127,7 @@ def updates(trace: Trace, found: _Captured, writes: _Writes) -> List[_Update]:
     for variable_id, (grad, variable) in raw.items():
         if variable_id in applied or not writes.of(variable):
             continue
-        grad_ops = {t.op for t in _components(grad)}
+        grad_ops = {t.op for t in components(grad)}
         chain = set()
         for write in writes.of(variable):
             above = graph_walk.ancestors(write) | {write}
@@ -145,12 +145,6 @@ def _tf_variable(variable):
 def _counter(optimizer) -> Optional[tf.Variable]:
     iterations = getattr(optimizer, "iterations", None)
     return _tf_variable(iterations) if iterations is not None else None
-
-
-def _components(grad) -> list:
-    if isinstance(grad, tf.IndexedSlices):
-        return [t for t in (grad.values, grad.indices, grad.dense_shape) if t is not None]
-    return [grad] if grad is not None else []
 
 
 def _tape_gradients(trace: Trace) -> Dict[int, tuple]:
@@ -184,7 +178,7 @@ def slots(trace_updates: List[_Update], writes: _Writes, found: _Captured) -> Di
 
 def _reaches(grad, op) -> bool:
     sources = data_sources(op)
-    return any(t.name in sources for t in _components(grad))
+    return any(t.name in sources for t in components(grad))
 
 
 def untie_identity_n(graph_def) -> None:

@@ -54,6 +54,13 @@ def _depends_on(tensor, source) -> bool:
     return tensor is source or source.name in data_sources(tensor.op)
 
 
+def components(grad) -> list:
+    """A gradient's tensors: an IndexedSlices' values, indices and dense shape (those it has)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return [t for t in (grad.values, grad.indices, grad.dense_shape) if t is not None]
+    return [grad] if grad is not None else []
+
+
 def data_sources(op) -> set:
     """The names of every tensor `op`'s data inputs are computed from (not through the step's
     order of stateful ops); an IdentityN passes each input to its own output only."""

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from parallax_tf import graph_walk
 from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.tf2.rows import components
 
 # Ops that keep a sparse gradient's rows apart on the way to its update: made once per shard on
 # the shard's rows, they compute that shard's rows of what the whole made.
@@ -33,10 +34,6 @@ _SCATTERS = frozenset({"ResourceScatterAdd", "ResourceScatterSub", "ResourceScat
 
 def _writes_rows(op) -> bool:
     return op.type in _SCATTERS or op.type.startswith("ResourceSparseApply")
-
-
-def _components(grad: tf.IndexedSlices) -> list:
-    return [t for t in (grad.values, grad.indices, grad.dense_shape) if t is not None]
 
 
 def refusal(handle: tf.Tensor, slot_handles: Sequence[tf.Tensor], grad, scope: str) -> str:
@@ -54,7 +51,7 @@ def refusal(handle: tf.Tensor, slot_handles: Sequence[tf.Tensor], grad, scope: s
         return "nothing in the step updates its rows"
     updates = update_ops(writes, grad)
     for write in writes:
-        if not ({t.op for t in write.inputs} & (updates | {t.op for t in _components(grad)})):
+        if not ({t.op for t in write.inputs} & (updates | {t.op for t in components(grad)})):
             return f"its update {write.name} does not read its gradient"
     for op in updates - set(writes):
         if op.type not in _ROW_WISE:
@@ -88,7 +85,7 @@ def row_writes(handles: Sequence[tf.Tensor], scope: str) -> List[tf.Operation]:
 
 def update_ops(writes: Sequence[tf.Operation], grad: tf.IndexedSlices) -> set:
     """`writes` and the ops between the gradient's tensors and them."""
-    sources = {t.op for t in _components(grad)}
+    sources = {t.op for t in components(grad)}
     above = set().union(*(graph_walk.ancestors(w, data_only=True, stop=sources) for w in writes))
     return ((graph_walk.descendants(sources) & above) - sources) | set(writes)
 
@@ -133,7 +130,7 @@ def apply_split(split: Shards, grad: tf.IndexedSlices, part_grads: List[tf.Index
     for k, part_grad in enumerate(part_grads):
         mapping = {split.stand_in.name: split.parts[k].handle}
         mapping.update({name: parts[k].handle for name, parts in split.slot_parts.items()})
-        mapping.update({t.name: mine for t, mine in zip(_components(grad), _components(part_grad))})
+        mapping.update({t.name: mine for t, mine in zip(components(grad), components(part_grad))})
         for op in updates:
             copied = _copy(graph, op, mapping, f"part_{k}")
             replaced[op].append(copied)
@@ -175,6 +172,8 @@ def reorder(graph, replaced: Dict[tf.Operation, list]) -> None:
             out.extend(replaced.get(op, [op]))
         return out
 
+    if not replaced:
+        return
     copies = {copy: original for original, made in replaced.items() for copy in made}
     for op in graph.get_operations():
         source = copies.get(op, op)
