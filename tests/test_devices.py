@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import kernel_def_pb2, types_pb2
@@ -129,6 +130,32 @@ def test_placement_rules_on_a_small_graph():
     placement.drop_placements(graph)                  # a session of the process's own devices
     assert (doubled.op.device, pinned.op.device) == ("/device:GPU:0", "/device:CPU:0")
 
+
+
+def test_small_constants_read_on_another_task_are_made_there():
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device("/job:worker/task:0"):
+            step = tf.constant([0.5, 0.25], name="step")
+            big = tf.constant(np.zeros(32 * 1024, np.float32), name="big")     # 128 KB: sent, not copied
+            waits = tf.no_op()
+            with tf.control_dependencies([waits]):
+                gated = tf.constant(2.0, name="gated")
+        with tf.device("/job:ps/task:1"):
+            table = tf.compat.v1.get_variable("table", [2], use_resource=True)
+            scaled = table.read_value() * step * gated
+            summed = tf.reduce_sum(big) + tf.reduce_sum(scaled)
+        with tf.device("/job:worker/task:0/device:GPU:0"):
+            local = step * 3.0                              # the same task: no copy
+    placement.settle(graph, server_ranks=[0, 2])
+    copy = scaled.op.inputs[0].op.inputs[1].op
+    assert copy is not step.op and copy.type == "Const"
+    assert copy.device == "/job:worker/task:2/device:CPU:0"
+    assert (tf.make_ndarray(copy.get_attr("value")) == [0.5, 0.25]).all()
+    assert scaled.op.inputs[1].op is gated.op                            # waits on a control input: stays
+    assert summed.op.inputs[0].op.inputs[0].op is big.op
+    assert local.op.inputs[0].op is step.op
+    assert placement.copy_constants_to_readers(graph) == 0               # once settled, nothing left to copy
 
 @pytest.fixture(scope="module")
 def placed():
