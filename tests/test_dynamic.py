@@ -327,3 +327,18 @@ def test_the_plan_shows_each_table_and_a_strategy_without_them_refuses():
     with pytest.raises(ConfigError, match="--strategy=stanza cannot train dynamic tables \\(emb\\); use one of"):
         ptf.run(model_fn, lambda ctx: dynamic_models.batch(0, 0), plan_only=True, strategy="stanza", np=2,
                 log_every=0)
+
+
+def test_a_row_rule_is_data_a_backend_can_read():
+    from parallax_tf.dynamic.rules import rule_for
+    ftrl = rule_for(tf.compat.v1.train.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
+                                                     initial_accumulator_value=0.2))
+    assert (ftrl.kind, ftrl.slots) == ("ftrl", [("accum", 0.2), ("linear", 0.0)])
+    assert (ftrl.hyper["learning_rate"], ftrl.hyper["l1"], ftrl.hyper["learning_rate_power"]) == (0.3, 0.001, -0.5)
+    momentum = rule_for(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True))
+    assert (momentum.kind, momentum.hyper, momentum.slots) == (
+        "momentum", dict(learning_rate=0.1, momentum=0.9, nesterov=True), [("momentum", 0.0)])
+    rows, grads = tf.constant([[1.0, 2.0]]), tf.constant([[0.5, -1.0]])
+    moved, slots = momentum.apply(rows, {"momentum": tf.zeros_like(rows)}, grads, tf.constant(0, tf.int64))
+    np.testing.assert_allclose(slots["momentum"].numpy(), [[0.5, -1.0]])
+    np.testing.assert_allclose(moved.numpy(), [[1.0 - 0.05 - 0.045, 2.0 + 0.1 + 0.09]], rtol=1e-6)

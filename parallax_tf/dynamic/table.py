@@ -198,7 +198,7 @@ def describe_tables(graph, applies) -> List[Dict[str, object]]:
     """Each table of `graph` as plain data, with the rule it trains by (one ModelError for a
     table whose optimizer has none)."""
     optimizer = model_optimizer(applies)
-    return [dict(table.describe(), optimizer=table.rule(optimizer).optimizer) for table in tables(graph)]
+    return [dict(table.describe(), optimizer=table.rule(optimizer).kind) for table in tables(graph)]
 
 
 def _registry(graph) -> Dict[str, list]:
