@@ -202,6 +202,21 @@ def test_step_report_sums_byte_counts_exactly_even_in_float32():
     assert got_summed.tolist() == [2.25, 3.0] + [3 * c for c in counts]
 
 
+def test_a_lost_peer_is_named_with_the_cause_line_of_tf2s_error_message():
+    """TF 2's message begins with "Graph execution error:" and where the op was defined; the
+    one-line error names the cause, not that header."""
+    from parallax_tf.runtime import session
+    message = ("Graph execution error:\n\nDetected at node 'pull' defined at (most recent call last):\n"
+               "    File \"train.py\", line 5, in <module>\nNode: 'pull'\nSocket closed\n\t [[{{node pull}}]]")
+    with pytest.raises(session.PeerLost, match=r"^parallax_tf rank 2: reading: a server became unreachable "
+                                               r"\(Socket closed\)$"):
+        with session.cross_rank_errors("reading", timeout_s=0, rank=2):
+            raise tf.errors.UnavailableError(None, None, message)
+    with pytest.raises(session.PeerLost, match=r"unreachable \(connection refused\)$"):
+        with session.cross_rank_errors("reading", timeout_s=0, rank=2):
+            raise tf.errors.UnavailableError(None, None, "Graph execution error:\n\nconnection refused")
+
+
 def test_a_rank_alone_runs_in_its_own_process_with_its_placements_dropped():
     """A graph placed on this rank's worker (a while loop's body in a function included) runs in
     a session of the process when nothing else is involved; with a PS it goes through the master."""

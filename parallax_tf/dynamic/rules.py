@@ -65,23 +65,23 @@ def rule_for(optimizer) -> RowRule:
                      "DynamicEmbedding(..., optimizer=...))")
 
 
-def _sgd(rule, rows, slots, grads, step):
+def _sgd_step(rule, rows, slots, grads, step):
     return rows - rule.value("learning_rate", rows.dtype) * grads, {}
 
 
-def _momentum(rule, rows, slots, grads, step):
+def _momentum_step(rule, rows, slots, grads, step):
     lr_t, mom = rule.value("learning_rate", rows.dtype), rule.value("momentum", rows.dtype)
     accum = slots["momentum"] * mom + grads
     step_size = grads * lr_t + accum * mom * lr_t if rule.hyper["nesterov"] else accum * lr_t
     return rows - step_size, {"momentum": accum}
 
 
-def _adagrad(rule, rows, slots, grads, step):
+def _adagrad_step(rule, rows, slots, grads, step):
     accum = slots["accumulator"] + grads * grads
     return rows - rule.value("learning_rate", rows.dtype) * grads * tf.math.rsqrt(accum), {"accumulator": accum}
 
 
-def _adam(rule, rows, slots, grads, step):
+def _adam_step(rule, rows, slots, grads, step):
     dtype = rows.dtype
     b1, b2, eps = (rule.value(name, dtype) for name in ("beta1", "beta2", "epsilon"))
     t = tf.cast(step + 1, tf.float64)
@@ -93,7 +93,7 @@ def _adam(rule, rows, slots, grads, step):
     return rows - lr_t * m / (tf.sqrt(v) + eps), {"m": m, "v": v}
 
 
-def _ftrl(rule, rows, slots, grads, step):
+def _ftrl_step(rule, rows, slots, grads, step):
     dtype = rows.dtype
     lr = rule.value("learning_rate", dtype)
     power = rule.hyper["learning_rate_power"]
@@ -114,4 +114,5 @@ def _ftrl(rule, rows, slots, grads, step):
     return rows, {"accum": new_accum, "linear": linear}
 
 
-_APPLY: Dict[str, Callable] = dict(sgd=_sgd, momentum=_momentum, adagrad=_adagrad, adam=_adam, ftrl=_ftrl)
+_APPLY: Dict[str, Callable] = dict(sgd=_sgd_step, momentum=_momentum_step, adagrad=_adagrad_step, adam=_adam_step,
+                                  ftrl=_ftrl_step)

@@ -118,4 +118,11 @@ def _op_name(err) -> str:
 
 
 def _first_line(err) -> str:
-    return err.message.strip().splitlines()[0][:200] if err.message else type(err).__name__
+    """The cause's line of a TF error message: TF 2 puts "Graph execution error:" and where the op
+    was defined first, then "Node: 'name'" and the cause."""
+    lines = [line.strip() for line in (err.message or "").splitlines() if line.strip()]
+    for index, line in enumerate(lines[:-1]):
+        if line.startswith("Node: "):
+            return lines[index + 1][:200]
+    lines = [line for line in lines if line != "Graph execution error:" and not line.startswith("[[")]
+    return lines[0][:200] if lines else type(err).__name__
