@@ -56,7 +56,8 @@ def rule_for(optimizer) -> RowRule:
         return RowRule("ftrl", dict(learning_rate=hyper["learning_rate"],
                                     learning_rate_power=float(hyper["learning_rate_power"]),
                                     l1=hyper["l1_regularization_strength"], l2=hyper["l2_regularization_strength"],
-                                    beta=hyper["beta"] or 0.0, l2_shrinkage=hyper["l2_shrinkage_regularization_strength"]),
+                                    beta=hyper["beta"] or 0.0,
+                                    l2_shrinkage=hyper["l2_shrinkage_regularization_strength"]),
                        [("accum", float(hyper["initial_accumulator_value"])), ("linear", 0.0)])
     if isinstance(optimizer, train.GradientDescentOptimizer):
         return RowRule("sgd", dict(learning_rate=tf_shim.learning_rate(optimizer)), [])

@@ -32,7 +32,8 @@ from parallax_tf.compat import tensorflow as tf_shim
 
 def settle(graph, server_ranks: List[int], device_type: str = "CPU") -> None:
     """Applies the four rules: /job:ps/task:k becomes /job:worker/task:<server_ranks[k]>/device:CPU:0;
-    compiled ops go to their task's CPU; with `device_type` GPU, a worker's unpinned ops to its GPU:0."""
+    compiled ops go to their task's CPU; with `device_type` GPU, a worker's unpinned ops to its GPU:0;
+    small constants are made again on the tasks that read them."""
     def placed(device: str, op_type: str) -> str:
         spec = tf.DeviceSpec.from_string(device) if device else None
         if spec is not None and spec.job == "ps":
@@ -63,7 +64,7 @@ def copy_constants_to_readers(graph) -> int:
         if not readers or op.outputs[0].dtype == tf.resource:
             continue
         value = op.get_attr("value")
-        if len(value.SerializeToString()) > SMALL_CONSTANT_BYTES:
+        if value.ByteSize() > SMALL_CONSTANT_BYTES:
             continue
         copies = {}
         for consumer, index in readers:
