@@ -1,0 +1,142 @@
+// One shard of a dynamic table in one compiled hash map: id -> entry, the entry holding the row,
+// the optimizer's slots beside it and the id's bookkeeping (occurrences, last step seen, live),
+// so that a read is one probe per id and a boundary one pass over the step's ids. The semantics
+// are parallax_tf/dynamic/store.py's, which stays the reference (and what a served model runs).
+#ifndef PARALLAX_TF_OPS_KV_SHARD_H_
+#define PARALLAX_TF_OPS_KV_SHARD_H_
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+
+namespace parallax {
+
+// The optimizer's row rule, as parallax_tf/dynamic/rules.py writes it (the same float32 steps).
+enum class RuleKind { kSgd, kMomentum, kAdagrad, kAdam, kFtrl };
+
+struct Rule {
+  RuleKind kind;
+  std::vector<float> hyper;   // per kind, in the order RuleHyperNames gives
+  bool nesterov = false;
+  float learning_rate_power = -0.5f;
+};
+
+struct Entry {
+  int64_t count = 0;          // occurrences so far
+  int64_t last_seen = -1;     // the boundary that last saw the id
+  bool live = false;          // has a row (admitted)
+  std::vector<float> data;    // row, then each slot: (1 + slots) * dim
+};
+
+struct Clock {
+  int64_t step = 0, admitted = 0, evicted = 0;
+};
+
+class KvShard : public tensorflow::ResourceBase {
+ public:
+  KvShard(int64_t dim, int64_t slots, std::string name) : dim_(dim), slots_(slots), name_(std::move(name)) {}
+
+  std::string DebugString() const override { return absl::StrCat("ParallaxKvShard ", name_); }
+  int64_t dim() const { return dim_; }
+  int64_t slots() const { return slots_; }
+  const std::string& name() const { return name_; }
+
+  absl::Mutex* mu() { return &mu_; }
+  absl::flat_hash_map<int64_t, Entry>& entries() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entries_; }
+  Clock& clock() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_; }
+  int64_t LiveRows() const TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t n = 0;
+    for (const auto& kv : entries_) n += kv.second.live;
+    return n;
+  }
+
+ private:
+  const int64_t dim_, slots_;
+  const std::string name_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<int64_t, Entry> entries_ TF_GUARDED_BY(mu_);
+  Clock clock_ TF_GUARDED_BY(mu_);
+};
+
+// The rule's step on one row: `row` and `slot[k]` point at dim floats each, `grad` too;
+// `step`: the boundaries the table saw before.
+inline void ApplyRule(const Rule& rule, int64_t dim, int64_t step, const float* grad, float* row,
+                      const std::vector<float*>& slot) {
+  const std::vector<float>& h = rule.hyper;
+  switch (rule.kind) {
+    case RuleKind::kSgd:
+      for (int64_t j = 0; j < dim; ++j) row[j] -= h[0] * grad[j];
+      return;
+    case RuleKind::kMomentum:  // learning_rate, momentum
+      for (int64_t j = 0; j < dim; ++j) {
+        const float accum = slot[0][j] * h[1] + grad[j];
+        slot[0][j] = accum;
+        row[j] -= rule.nesterov ? grad[j] * h[0] + accum * h[1] * h[0] : accum * h[0];
+      }
+      return;
+    case RuleKind::kAdagrad:  // learning_rate
+      for (int64_t j = 0; j < dim; ++j) {
+        const float accum = slot[0][j] + grad[j] * grad[j];
+        slot[0][j] = accum;
+        row[j] -= h[0] * grad[j] * (1.0f / std::sqrt(accum));
+      }
+      return;
+    case RuleKind::kAdam: {  // learning_rate, beta1, beta2, epsilon; bias correction in float64
+      const double t = static_cast<double>(step + 1);
+      const float b1_power = static_cast<float>(std::pow(static_cast<double>(h[1]), t));
+      const float b2_power = static_cast<float>(std::pow(static_cast<double>(h[2]), t));
+      const float lr_t = h[0] * std::sqrt(1.0f - b2_power) / (1.0f - b1_power);
+      for (int64_t j = 0; j < dim; ++j) {
+        const float m = slot[0][j] * h[1] + grad[j] * (1.0f - h[1]);
+        const float v = slot[1][j] * h[2] + grad[j] * grad[j] * (1.0f - h[2]);
+        slot[0][j] = m;
+        slot[1][j] = v;
+        row[j] -= lr_t * m / (std::sqrt(v) + h[3]);
+      }
+      return;
+    }
+    case RuleKind::kFtrl: {  // learning_rate, l1, l2, beta, l2_shrinkage
+      const float lr = h[0], l1 = h[1], l2 = h[2] + h[3] / (2.0f * lr), shrinkage = h[4];
+      const float power = rule.learning_rate_power;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float accum = slot[0][j], new_accum = accum + grad[j] * grad[j];
+        const float shrunk = grad[j] + 2.0f * shrinkage * row[j];
+        float linear = slot[1][j], quadratic;
+        if (power == -0.5f) {
+          linear = linear + shrunk - (std::sqrt(new_accum) - std::sqrt(accum)) / lr * row[j];
+          quadratic = std::sqrt(new_accum) / lr + 2.0f * l2;
+        } else {
+          linear = linear + shrunk - (std::pow(new_accum, -power) - std::pow(accum, -power)) / lr * row[j];
+          quadratic = std::pow(new_accum, -power) / lr + 2.0f * l2;
+        }
+        const float sign = linear > 0 ? 1.0f : (linear < 0 ? -1.0f : 0.0f);
+        row[j] = std::fabs(linear) > l1 ? (l1 * sign - linear) / quadratic : 0.0f;
+        slot[0][j] = new_accum;
+        slot[1][j] = linear;
+      }
+      return;
+    }
+  }
+}
+
+// How many hyper-parameters each kind takes, in ApplyRule's order.
+inline int HyperCount(RuleKind kind) {
+  switch (kind) {
+    case RuleKind::kSgd: return 1;
+    case RuleKind::kMomentum: return 2;
+    case RuleKind::kAdagrad: return 1;
+    case RuleKind::kAdam: return 4;
+    case RuleKind::kFtrl: return 5;
+  }
+  return 0;
+}
+
+}  // namespace parallax
+
+#endif  // PARALLAX_TF_OPS_KV_SHARD_H_
