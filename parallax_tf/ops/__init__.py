@@ -38,7 +38,8 @@ def load():
         tf.no_gradient("ParallaxVersionedRead")
         tf.no_gradient("ParallaxIdUniform")
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
-                     "ParallaxStashBatches"):
+                     "ParallaxStashBatches", "ParallaxKvShard", "ParallaxKvRead", "ParallaxKvBoundary",
+                     "ParallaxKvExport", "ParallaxKvImport", "ParallaxKvRemove"):
             tf.no_gradient(name)
     return _LIBRARY
 
