@@ -1,84 +1,119 @@
-"""One shard of a dynamic table in parallax_tf's compiled hash map (ops/kv_table_ops.cc): the
-interface of store.Shard, whose standard-op tables stay the reference and what a served model
-reads. A read is one op and the step boundary one op per shard and step; the row rule is the
-same data (rules.RowRule) the standard form reads."""
+"""One shard of a dynamic table in parallax_tf's compiled hash map (ops/kv_table_ops.cc,
+ops/kv_table_io_ops.cc), with store.Shard's interface. A read is one op, the step boundary one
+op per shard and step, and the row rule is the same data (rules.RowRule) the standard-op shard
+reads; store.Shard stays the reference and what a served model reads. It holds float32 rows."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from parallax_tf import ops as compiled_ops
 from parallax_tf.dynamic.store import TableOptions
+from parallax_tf.errors import ModelError
+
+# each rule kind's hyper-parameters in the order ops/kv_shard.h's ApplyRule reads them
+HYPER_ORDER = dict(sgd=["learning_rate"], momentum=["learning_rate", "momentum"], adagrad=["learning_rate"],
+                   adam=["learning_rate", "beta1", "beta2", "epsilon"],
+                   ftrl=["learning_rate", "l1", "l2", "beta", "l2_shrinkage"])
+
+
+def holds(options: TableOptions) -> bool:
+    """Whether a compiled shard can hold a table of these options."""
+    return options.dtype == tf.float32
 
 
 class CompiledShard:
-    """Shard `index` of table `name` on `device`; its slots are fixed by the first boundary's rule
-    (the optimizer is known then), so the resource is made there or by `with_slots`."""
+    """Shard `index` of table `name` on `device` (None: wherever the caller is). The map keeps
+    each row's slots in its entry; their names and starting values are known once `with_slots`
+    named them (the optimizer is known at the boundary)."""
 
     def __init__(self, name: str, index: int, device: Optional[str], options: TableOptions):
-        if options.dtype != tf.float32:
-            raise ValueError(f"the compiled table backend holds float32 rows; table {name!r} is {options.dtype.name}")
+        if not holds(options):
+            raise ModelError(f"dynamic table {name!r}: the compiled backend holds float32 rows, not "
+                             f"{options.dtype.name}")
         self.name, self.index, self.device, self.options = name, index, device, options
-        self._shared_name = f"parallax_kv/{name}/shard{index}"
-        self._handle = None
         self.slots: Dict[str, float] = {}
+        shared_name = f"parallax_kv/{name}/shard{index}"
+        self._ops = compiled_ops.load()
+        with tf.control_dependencies(None), tf.device(device):     # a resource, whatever the caller waits on
+            self.handle = self._ops.parallax_kv_shard(dim=options.dim, shared_name=shared_name,
+                                                      name=shared_name.replace("/", "_"))
 
-    def with_slots(self, slots) -> None:
-        if self._handle is not None:
-            if [s for s, _ in slots] != list(self.slots):
-                raise ValueError(f"table {self.name!r}: its shard holds slots {list(self.slots)}, a rule asks for "
-                                 f"{[s for s, _ in slots]}")
-            return
-        self.slots = dict(slots)
-        with tf.control_dependencies(None), tf.device(self.device):
-            self._handle = compiled_ops.load().parallax_kv_shard(
-                dim=self.options.dim, slots=len(self.slots), shared_name=self._shared_name,
-                name=self._shared_name.replace("/", "_"))
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise ValueError(f"table {self.name!r}: its compiled shard is made once its optimizer is known")
-        return self._handle
+    def with_slots(self, slots: List[Tuple[str, float]]) -> None:
+        for slot, initial in slots:
+            self.slots.setdefault(slot, float(initial))
+        if [s for s, _ in slots] != list(self.slots):
+            raise ModelError(f"dynamic table {self.name!r} trains with two optimizers whose slots differ "
+                             f"({list(self.slots)} and {[s for s, _ in slots]}); give it one optimizer")
 
     def initial_rows(self, ids):
         opts = self.options
         return opts.initializer.rows(ids, opts.dim, opts.seed, opts.dtype)
 
-    def read(self, ids) -> tf.Tensor:
+    # ---- reads ---------------------------------------------------------------------------------
+    def read(self, ids: tf.Tensor) -> tf.Tensor:
+        """[len(ids), dim]: a live id's row; an id not admitted yet reads its initial row when
+        admission is on first use (admit_after 1), else zeros."""
         opts = self.options
         with tf.device(self.device):
-            initial = self.initial_rows(ids) if opts.admit_after == 1 else tf.zeros([tf.size(ids), opts.dim])
-            rows = compiled_ops.load().parallax_kv_read(self.handle, ids, initial,
-                                                         admit_on_first_use=opts.admit_after == 1)
+            first_use = opts.admit_after == 1
+            initial = self.initial_rows(ids) if first_use else tf.zeros([tf.size(ids), opts.dim])
+            rows = self._ops.parallax_kv_read(self.handle, ids, initial, admit_on_first_use=first_use)
             rows.set_shape([None, opts.dim])
             return rows
 
+    def counters(self) -> tf.Tensor:
+        """int64 [4]: live rows, boundaries so far, rows admitted, rows evicted."""
+        with tf.device(self.device):
+            return self._ops.parallax_kv_counters(self.handle)
+
+    def tracked(self):
+        """(ids, last step seen, live) of every id the shard tracks."""
+        with tf.device(self.device):
+            return tuple(self._ops.parallax_kv_tracked(self.handle))
+
+    # ---- the step boundary -----------------------------------------------------------------------
     def boundary(self, ids, grads, counts, rule) -> tf.Operation:
+        """store.Shard.boundary in one op."""
         opts = self.options
         self.with_slots(rule.slots)
-        names = _HYPER[rule.kind]
         with tf.device(self.device):
-            hyper = tf.stack([rule.value(n, tf.float32) for n in names])
-            return compiled_ops.load().parallax_kv_boundary(
+            hyper = tf.stack([rule.value(name, tf.float32) for name in HYPER_ORDER[rule.kind]])
+            return self._ops.parallax_kv_boundary(
                 self.handle, ids, grads, tf.cast(counts, tf.int64), self.initial_rows(ids), hyper, kind=rule.kind,
                 nesterov=bool(rule.hyper.get("nesterov", False)),
                 learning_rate_power=float(rule.hyper.get("learning_rate_power", -0.5)),
                 admit_after=opts.admit_after,
                 evict_after=-1 if opts.evict_after_steps is None else opts.evict_after_steps,
-                slot_initial=[float(v) for v in self.slots.values()])
+                slot_initial=list(self.slots.values()))
 
-    def export(self) -> Dict[str, tf.Tensor]:
+    def evict(self, keys, live_count) -> tf.Operation:
+        """Removes `keys`; the live rows among them (`live_count`, which the op counts itself)
+        count as evicted."""
+        del live_count
         with tf.device(self.device):
-            ids, values, slot_values, seen, counts, last_seen, live, clock = compiled_ops.load().parallax_kv_export(
-                self.handle)
+            return self._ops.parallax_kv_remove(self.handle, keys, count_evicted=True).op
+
+    # ---- whole contents (checkpoints, results) ----------------------------------------------------
+    def export(self) -> Dict[str, tf.Tensor]:
+        """Live rows (ids, values, slots aligned with them) and every tracked id's counters."""
+        with tf.device(self.device):
+            ids, values, slot_values, seen, counts, last_seen, _, clock = self._ops.parallax_kv_export(
+                self.handle, slots=len(self.slots))
+            values.set_shape([None, self.options.dim])
             out = dict(ids=ids, values=values, seen_ids=seen, counts=counts, last_seen=last_seen, clock=clock)
-            out.update({slot: slot_values[k] for k, slot in enumerate(self.slots)})
-            out["live"] = live
+            for k, slot in enumerate(self.slots):
+                out[slot] = tf.reshape(slot_values[k], [-1, self.options.dim])
             return out
 
-
-_HYPER = dict(sgd=["learning_rate"], momentum=["learning_rate", "momentum"], adagrad=["learning_rate"],
-              adam=["learning_rate", "beta1", "beta2", "epsilon"],
-              ftrl=["learning_rate", "l1", "l2", "beta", "l2_shrinkage"])
+    def load(self, parts: Dict[str, tf.Tensor]) -> tf.Operation:
+        """Replaces the shard's contents with `parts` (export's keys, this shard's ids only, and
+        "live": 1 for each of seen_ids that has a row; the clock as it was saved)."""
+        dim = self.options.dim
+        with tf.device(self.device):
+            slot_values = tf.stack([parts[s] for s in self.slots]) if self.slots else \
+                tf.zeros([0, tf.size(parts["ids"]), dim])
+            return self._ops.parallax_kv_import(self.handle, parts["ids"], parts["values"], slot_values,
+                                                parts["seen_ids"], parts["counts"], parts["last_seen"],
+                                                parts["live"], parts["clock"])

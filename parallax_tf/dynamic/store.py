@@ -214,11 +214,11 @@ class Shard:
             keys, meta = _export(self.meta, tf.int64, tf.int64, [META_COLUMNS])
             return keys, meta[:, 1], meta[:, 2] > 0
 
-    def count_evicted(self, evicted) -> tf.Operation:
-        """Adds `evicted` live rows to the clock's count."""
-        with tf.device(self.device):
+    def evict(self, keys, live_count) -> tf.Operation:
+        """Removes `keys`, of which `live_count` had rows: those count as evicted."""
+        with tf.control_dependencies([self.remove(keys)]), tf.device(self.device):
             clock = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))
-            return _insert(self.clock, tf.zeros([1], tf.int64), clock + tf.stack([0, 0, evicted])[None, :])
+            return _insert(self.clock, tf.zeros([1], tf.int64), clock + tf.stack([0, 0, live_count])[None, :])
 
     def remove(self, keys) -> tf.Operation:
         with tf.device(self.device):
@@ -270,10 +270,8 @@ def over_capacity(shards: List[Shard], capacity: int, after) -> tf.Operation:
     dropped = tf.concat(over, 0)
     ops = []
     for index, (shard, mine) in enumerate(zip(shards, _by_owner(dropped, len(shards)))):
-        removed = shard.remove(mine)
-        with tf.control_dependencies([removed]):
-            live_mine = tf.reduce_sum(tf.cast(tf.equal(id_lib.owner(live_over, len(shards)), index), tf.int64))
-            ops.append(shard.count_evicted(live_mine))
+        live_mine = tf.reduce_sum(tf.cast(tf.equal(id_lib.owner(live_over, len(shards)), index), tf.int64))
+        ops.append(shard.evict(mine, live_mine))
     return tf.group(*ops)
 
 

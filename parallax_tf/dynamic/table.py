@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic.rules import rule_for
@@ -62,7 +63,7 @@ class ShardRead:
     lookup's distinct ids (`where`; None: all of them, in order) and the shard's answer `rows`
     (on the shard's device). A rewrite that packs several reads into one message sets
     `ids_on_server` to the ids as the shard's device received them."""
-    shard: Shard
+    shard: object            # store.Shard or compiled.CompiledShard
     ids: tf.Tensor
     where: Optional[tf.Tensor]
     rows: tf.Tensor
@@ -70,7 +71,7 @@ class ShardRead:
     deferred: bool = False          # `rows` stands in for the read the step builds
 
 
-def _read_or_defer(shard: Shard, ids, where) -> ShardRead:
+def _read_or_defer(shard, ids, where) -> ShardRead:
     if not _DEFERRED[0]:
         return ShardRead(shard, ids, where, shard.read(ids))
     stand_in = tf.zeros_like(ids, shard.options.dtype)[:, None] + tf.zeros([shard.options.dim], shard.options.dtype)
@@ -119,7 +120,7 @@ class DynamicEmbedding:
                                     seed=_seed(name, seed, law),
                                     admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
         self.served = ServedRows(name, self.options) if _SERVING[0] else None
-        self.shards = [] if self.served else [Shard(name, i, device, self.options)
+        self.shards = [] if self.served else [_shard(name, i, device, self.options)
                                                for i, device in enumerate(_SHARD_DEVICES)]
         _registry(graph)["tables"].append(self)
 
@@ -186,6 +187,14 @@ class DynamicEmbedding:
         o = self.options
         return {"name": self.name, "dim": self.dim, "dtype": o.dtype.name, "initializer": o.initializer.describe(),
                 "admit_after": o.admit_after, "evict_after_steps": o.evict_after_steps, "capacity": o.capacity}
+
+
+def _shard(name: str, index: int, device, options: TableOptions):
+    """A table's shard: the compiled hash map where it holds the rows (float32), else the
+    standard-op tables (the reference, which serving reads too)."""
+    if compiled.holds(options):
+        return compiled.CompiledShard(name, index, device, options)
+    return Shard(name, index, device, options)
 
 
 def model_optimizer(applies):

@@ -13,7 +13,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
 
 namespace parallax {
 
@@ -40,12 +42,21 @@ struct Clock {
 
 class KvShard : public tensorflow::ResourceBase {
  public:
-  KvShard(int64_t dim, int64_t slots, std::string name) : dim_(dim), slots_(slots), name_(std::move(name)) {}
+  KvShard(int64_t dim, std::string name) : dim_(dim), name_(std::move(name)) {}
 
   std::string DebugString() const override { return absl::StrCat("ParallaxKvShard ", name_); }
   int64_t dim() const { return dim_; }
-  int64_t slots() const { return slots_; }
   const std::string& name() const { return name_; }
+
+  // The optimizer's slots per row: unknown (-1) until the first boundary or import fixes them.
+  int64_t slots() const TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_; }
+  absl::Status FixSlots(int64_t slots) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (slots_ < 0) slots_ = slots;
+    if (slots_ != slots)
+      return absl::InvalidArgumentError(absl::StrCat("dynamic table shard ", name_, " holds ", slots_,
+                                                     " slot(s) per row; an op asks for ", slots));
+    return absl::OkStatus();
+  }
 
   absl::Mutex* mu() { return &mu_; }
   absl::flat_hash_map<int64_t, Entry>& entries() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entries_; }
@@ -57,9 +68,10 @@ class KvShard : public tensorflow::ResourceBase {
   }
 
  private:
-  const int64_t dim_, slots_;
+  const int64_t dim_;
   const std::string name_;
   absl::Mutex mu_;
+  int64_t slots_ TF_GUARDED_BY(mu_) = -1;
   absl::flat_hash_map<int64_t, Entry> entries_ TF_GUARDED_BY(mu_);
   Clock clock_ TF_GUARDED_BY(mu_);
 };
@@ -135,6 +147,19 @@ inline int HyperCount(RuleKind kind) {
     case RuleKind::kFtrl: return 5;
   }
   return 0;
+}
+
+// The shapes a shard's ops take: ids a vector, rows [n, dim].
+inline absl::Status CheckIds(const tensorflow::Tensor& ids, const char* op) {
+  if (ids.dims() != 1) return Invalid(op, ": ids must be a vector, got ", ids.shape().DebugString());
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckRows(const tensorflow::Tensor& rows, int64_t n, int64_t dim, const char* op,
+                              const char* what) {
+  if (rows.dims() != 2 || rows.dim_size(0) != n || rows.dim_size(1) != dim)
+    return Invalid(op, ": ", what, " must be [", n, ", ", dim, "], got ", rows.shape().DebugString());
+  return absl::OkStatus();
 }
 
 }  // namespace parallax
