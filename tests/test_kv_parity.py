@@ -1,12 +1,19 @@
 """The compiled table shard (dynamic/compiled.py) against the standard-op one (dynamic/store.py),
-step by step on the same ids: every read and every exported array equal to 1e-6."""
+step by step on the same ids: every read and every exported array equal to 1e-6, shard by shard
+and as whole tables (string ids, two lookups a step, capacity), and each backend resuming the
+other's checkpoint arrays."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from parallax_tf import dynamic
+from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import ids as id_lib
+from parallax_tf.dynamic import initializers
+from parallax_tf.dynamic import table as table_lib
 from parallax_tf.dynamic.compiled import CompiledShard
 from parallax_tf.dynamic.rules import rule_for
+from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.dynamic.store import Shard, TableOptions
 
 OPTIMIZERS = {
@@ -71,3 +78,97 @@ def test_the_compiled_shard_trains_as_the_standard_one(optimizer, admit_after, e
     for key in standard:
         np.testing.assert_allclose(compiled[key], standard[key], rtol=1e-6, atol=1e-6, err_msg=key)
     assert len(standard["ids"]) > 3 and standard["clock"][0] == STEPS
+
+
+def _train_table(monkeypatch, backend: str, optimizer: str, batches, start=None, **table_options):
+    """A table of string ids read by two lookups a step (a sum-of-rows regression), on
+    `backend`: (each step's rows of both lookups, the table's arrays after the last step).
+    `start`: arrays (DynamicState.read) the table loads before the first step."""
+    with monkeypatch.context() as patch:
+        if backend == "standard":
+            patch.setattr(table_lib.compiled, "holds", lambda options: False)
+        graph = tf.Graph()
+        with graph.as_default():
+            words = tf.compat.v1.placeholder(tf.string, [None, 3])
+            table = dynamic.DynamicEmbedding("emb", DIM, **table_options)
+            assert isinstance(table.shards[0], CompiledShard if backend == "compiled" else Shard)
+            first, second = table.lookup(words[:, :2]), table.lookup(words[:, 2:])
+            target = tf.cast(tf.strings.length(words[:, 0]), tf.float32)
+            loss = tf.reduce_mean(tf.square(tf.reduce_sum(first, [1, 2]) + tf.reduce_sum(second, [1, 2]) - target))
+            train = dynamic.step(loss, OPTIMIZERS[optimizer]())
+            state = DynamicState([table])
+            with tf.compat.v1.Session() as sess:
+                if start is not None:
+                    state.load(sess, start)
+                seen = [sess.run([first, second, train], {words: batch})[:2] for batch in batches]
+                return seen, state.read(sess)
+
+
+def _word_batches(steps, seed):
+    rng = np.random.RandomState(seed)
+    return [np.array([[f"w{v}".encode() for v in row] for row in rng.randint(0, 30, (4, 3))]) for _ in range(steps)]
+
+
+def _assert_same(got, want):
+    assert sorted(got) == sorted(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("optimizer, options", [
+    ("adam", dict(capacity=12)),
+    ("ftrl", dict(admit_after=2, evict_after_steps=3)),
+    ("momentum", dict(capacity=10, admit_after=2)),
+])
+def test_a_table_with_string_ids_and_two_lookups_trains_alike_on_either_backend(monkeypatch, optimizer, options):
+    batches = _word_batches(8, seed=5)
+    standard_reads, standard = _train_table(monkeypatch, "standard", optimizer, batches, **options)
+    compiled_reads, compiled = _train_table(monkeypatch, "compiled", optimizer, batches, **options)
+    for step, (want, got) in enumerate(zip(standard_reads, compiled_reads)):
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=f"step {step}")
+    _assert_same(compiled, standard)
+    evicted_or_capped = standard["emb/clock"][2]
+    assert len(standard["emb/ids"]) >= 5 and evicted_or_capped > 0, standard["emb/clock"]
+
+
+@pytest.mark.parametrize("saved_by, resumed_by", [("standard", "compiled"), ("compiled", "standard")])
+def test_either_backend_resumes_the_others_checkpoint(monkeypatch, saved_by, resumed_by):
+    batches = _word_batches(6, seed=9)
+    options = dict(capacity=14, admit_after=2)
+    _, whole = _train_table(monkeypatch, "standard", "adagrad", batches, **options)
+    _, saved = _train_table(monkeypatch, saved_by, "adagrad", batches[:3], **options)
+    _, resumed = _train_table(monkeypatch, resumed_by, "adagrad", batches[3:], start=saved, **options)
+    _assert_same(resumed, whole)
+    assert resumed["emb/clock"][0] == 6
+
+
+def test_one_op_answers_a_messages_reads_as_each_shard_would():
+    """compiled.read_many against each shard's own read, for shards of several tables and laws,
+    admission on first use and after two occurrences, after some boundaries; in a container
+    scope, as a run builds its graphs (the op finds the shards where their handles put them)."""
+    laws = [(id_lib.uniform(), 1), (initializers.uniform_range(-0.3, 0.1), 1), (id_lib.constant(0.25), 1),
+            (id_lib.uniform(0.05), 2)]
+    graph = tf.Graph()
+    with graph.as_default(), graph.container("run7"):
+        shards = [CompiledShard(f"t{k}", k, None, TableOptions(dim=2 + k, dtype=tf.float32, initializer=law, seed=k,
+                                                             admit_after=admit, evict_after_steps=None))
+                  for k, (law, admit) in enumerate(laws)]
+        assert compiled.fusable(shards) and not compiled.fusable(shards + [CompiledShard(
+            "n", 9, None, TableOptions(dim=2, dtype=tf.float32, initializer=id_lib.normal(), seed=1, admit_after=1,
+                                       evict_after_steps=None))])
+        rule = rule_for(OPTIMIZERS["adagrad"]())
+        ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in shards]
+        boundaries = [shard.boundary(i, tf.ones([tf.size(i), shard.options.dim]), tf.ones_like(i), rule)
+                      for shard, i in zip(shards, ids)]
+        each = tf.concat([tf.reshape(shard.read(i), [-1]) for shard, i in zip(shards, ids)], 0)
+        message = tf.concat([tf.stack([tf.size(i, out_type=tf.int64) for i in ids])] + ids, 0)
+        together = compiled.read_many(shards, message)
+        rng = np.random.RandomState(4)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            for step in range(4):
+                feed = {i: np.unique(rng.randint(0, 20, 6)).astype(np.int64) for i in ids}
+                want, got = sess.run([each, together], feed)
+                np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+                sess.run(boundaries, feed)
+        assert want.size > 40

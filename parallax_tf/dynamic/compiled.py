@@ -34,11 +34,12 @@ class CompiledShard:
                              f"{options.dtype.name}")
         self.name, self.index, self.device, self.options = name, index, device, options
         self.slots: Dict[str, float] = {}
-        shared_name = f"parallax_kv/{name}/shard{index}"
+        self.shared_name = f"parallax_kv/{name}/shard{index}"
         self._ops = compiled_ops.load()
         with tf.control_dependencies(None), tf.device(device):     # a resource, whatever the caller waits on
-            self.handle = self._ops.parallax_kv_shard(dim=options.dim, shared_name=shared_name,
-                                                      name=shared_name.replace("/", "_"))
+            self.handle = self._ops.parallax_kv_shard(dim=options.dim, shared_name=self.shared_name,
+                                                      name=self.shared_name.replace("/", "_"))
+        self.law = options.initializer.compiled_law(options.dim, options.seed)
 
     def with_slots(self, slots: List[Tuple[str, float]]) -> None:
         for slot, initial in slots:
@@ -117,3 +118,20 @@ class CompiledShard:
             return self._ops.parallax_kv_import(self.handle, parts["ids"], parts["values"], slot_values,
                                                 parts["seen_ids"], parts["counts"], parts["last_seen"],
                                                 parts["live"], parts["clock"])
+
+
+def fusable(shards) -> bool:
+    """Whether read_many can answer reads of these shards: compiled ones whose laws compile."""
+    return all(isinstance(shard, CompiledShard) and shard.law is not None for shard in shards)
+
+
+def read_many(shards: List[CompiledShard], message) -> tf.Tensor:
+    """One op on the shards' server answering every read of one rank's message there: `message`
+    holds each read's id count, then each read's ids (shards[k] answers read k); the rows come
+    back flattened, read after read. Every shard's initial row law must compile (`law`)."""
+    laws = [shard.law for shard in shards]
+    return compiled_ops.load().parallax_kv_read_many(
+        message, tf.constant([[a, b] for _, a, b, _ in laws], tf.float64),
+        shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
+        admit_on_first_use=[shard.options.admit_after == 1 for shard in shards],
+        law_kinds=[kind for kind, _, _, _ in laws], salts=[salt for _, _, _, salt in laws])

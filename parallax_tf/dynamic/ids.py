@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -54,13 +54,19 @@ def unit_uniform(ids: tf.Tensor, dim: int, seed: int, standard_ops: bool = False
     salt = mix_int(seed)
     if not standard_ops:
         from parallax_tf import ops
-        return ops.id_uniform(ids, dim, salt - 2 ** 64 if salt >= 2 ** 63 else salt)
+        return ops.id_uniform(ids, dim, signed_salt(seed))
     base = mix(tf.bitcast(ids, tf.uint64) ^ tf.constant(salt, tf.uint64))
     # (a list of Python ints above 2^53 would pass through float64 on its way to a tensor)
     counters = tf.constant(np.array([(j + 1) * _GOLDEN % 2 ** 64 for j in range(dim)], np.uint64))
     bits = mix(base[:, None] + counters[None, :])
     top53 = tf.bitwise.right_shift(bits, tf.constant(11, tf.uint64))
     return tf.cast(top53, tf.float64) * (1.0 / 2 ** 53)
+
+
+def signed_salt(seed: int) -> int:
+    """The salt of `seed`'s uniforms as an int64 attr of the compiled ops."""
+    salt = mix_int(seed)
+    return salt - 2 ** 64 if salt >= 2 ** 63 else salt
 
 
 def mix_int(value: int) -> int:
@@ -84,6 +90,11 @@ class RowInitializer(abc.ABC):
     def describe(self) -> str:
         return type(self).__name__
 
+    def compiled_law(self, dim: int, seed: int) -> Optional[Tuple[str, float, float, int]]:
+        """(kind, a, b, salt) of the law as ops/id_hash.h's RowLaw computes it inside a compiled
+        op, or None where only standard ops compute it."""
+        return None
+
 
 class uniform(RowInitializer):  # noqa: N801  (reads like TF's initializers: ptf.dynamic.uniform(0.05))
     """Uniform in [-scale, scale); scale None: sqrt(3 / dim), a variance of 1 / dim like TF's
@@ -99,6 +110,9 @@ class uniform(RowInitializer):  # noqa: N801  (reads like TF's initializers: ptf
     def describe(self):
         return f"uniform({self.scale if self.scale is not None else 'sqrt(3/dim)'})"
 
+    def compiled_law(self, dim, seed):
+        return "uniform", self.scale if self.scale is not None else math.sqrt(3.0 / dim), 0.0, signed_salt(seed)
+
 
 class constant(RowInitializer):  # noqa: N801
     """Every element `value` (0.0: rows start at zero)."""
@@ -111,6 +125,9 @@ class constant(RowInitializer):  # noqa: N801
 
     def describe(self):
         return f"constant({self.value})"
+
+    def compiled_law(self, dim, seed):
+        return "constant", self.value, 0.0, 0
 
 
 class normal(RowInitializer):  # noqa: N801

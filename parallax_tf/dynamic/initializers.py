@@ -42,6 +42,9 @@ class uniform_range(id_lib.RowInitializer):  # noqa: N801  (reads as the ids mod
     def describe(self):
         return f"uniform[{self.minval:g}, {self.maxval:g})"
 
+    def compiled_law(self, dim, seed):
+        return "range", self.minval, self.maxval - self.minval, id_lib.signed_salt(seed)
+
 
 class gaussian(id_lib.RowInitializer):  # noqa: N801
     """Normal(mean, stddev), by Box-Muller over two hashed uniforms; with `truncated`, drawn

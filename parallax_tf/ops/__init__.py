@@ -39,7 +39,8 @@ def load():
         tf.no_gradient("ParallaxIdUniform")
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
                      "ParallaxStashBatches", "ParallaxKvShard", "ParallaxKvRead", "ParallaxKvBoundary",
-                     "ParallaxKvExport", "ParallaxKvImport", "ParallaxKvRemove"):
+                     "ParallaxKvExport", "ParallaxKvImport", "ParallaxKvRemove", "ParallaxKvCounters",
+                     "ParallaxKvTracked", "ParallaxKvReadMany"):
             tf.no_gradient(name)
     return _LIBRARY
 

@@ -1,9 +1,9 @@
-// A dynamic table's per-id uniforms (parallax_tf/dynamic/ids.py): element j of id i is
-// splitmix64(splitmix64(i ^ salt) + (j + 1) * golden) >> 11, scaled to [0, 1). One kernel for
-// what is ~25 graph ops in TensorFlow's own bitwise ops, which a served model still uses
-// (standard ops only): the same integers, so the same doubles.
+// A dynamic table's per-id uniforms (id_hash.h) as an op: one kernel for what is ~25 graph ops
+// in TensorFlow's own bitwise ops, which a served model still uses (standard ops only): the
+// same integers, so the same doubles.
 #include <cstdint>
 
+#include "parallax_tf/ops/id_hash.h"
 #include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -16,16 +16,6 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
-
-inline uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 class IdUniformOp : public OpKernel {
  public:
@@ -45,13 +35,7 @@ class IdUniformOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n, dim_}), &out));
     const int64_t* id = ids.flat<int64_t>().data();
     double* u = out->flat<double>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t base = Mix(static_cast<uint64_t>(id[i]) ^ salt_);
-      for (int64_t j = 0; j < dim_; ++j) {
-        const uint64_t bits = Mix(base + static_cast<uint64_t>(j + 1) * kGolden);
-        u[i * dim_ + j] = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
-      }
-    }
+    for (int64_t i = 0; i < n; ++i) IdUniforms(id[i], salt_, dim_, u + i * dim_);
   }
 
  private:

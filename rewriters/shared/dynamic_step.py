@@ -16,6 +16,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import table as table_lib
 from rewriters.shared.step_report import tensor_bytes
 from rewriters.shared.transform import rewire
@@ -150,8 +151,11 @@ def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
             sent = tf.concat([counts] + [read.ids for read in group], 0)
             with tf.device(device):
                 on_server = tf.split(sent[len(group):], sent[:len(group)], num=len(group))
-                flat = [tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)]
-                packed = tf.concat(flat, 0)
+                shards = [read.shard for read in group]
+                if compiled.fusable(shards):        # one op for the whole message
+                    packed = compiled.read_many(shards, sent)
+                else:
+                    packed = tf.concat([tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)], 0)
             widths = tf.constant([read.shard.options.dim for read in group], tf.int64)
             for read, ids, piece in zip(group, on_server, tf.split(packed, counts * widths, num=len(group))):
                 new = tf.reshape(piece, [-1, read.shard.options.dim])
