@@ -172,3 +172,63 @@ def test_one_op_answers_a_messages_reads_as_each_shard_would():
                 np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
                 sess.run(boundaries, feed)
         assert want.size > 40
+
+
+def _two_rank_step_arrays(fused: bool, optimizer: str, pushes):
+    """One shard's table after each step's pushes of two ranks (ids, [n, dim + 1] payloads):
+    through compiled.push and boundary_many, or summed here and given to the standard shard."""
+    graph = tf.Graph()
+    with graph.as_default():
+        options = TableOptions(dim=DIM, dtype=tf.float32, initializer=id_lib.uniform(0.3), seed=5, admit_after=2,
+                               evict_after_steps=2)
+        shard = (CompiledShard if fused else Shard)("t", 0, None, options)
+        rule = rule_for(OPTIMIZERS[optimizer]())
+        shard.with_slots(rule.slots)
+        ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
+        payloads = [tf.compat.v1.placeholder(tf.float32, [None, DIM + 1]) for _ in range(2)]
+        if fused:
+            steps = [compiled.push([shard], [i], tf.reshape(p, [-1]), rank, 2)
+                     for rank, (i, p) in enumerate(zip(ids, payloads))]
+            steps.append(compiled.boundary_many([shard], [rule], 2))
+        else:
+            distinct, position = tf.unique(tf.concat(ids, 0), out_idx=tf.int32)
+            summed = tf.math.unsorted_segment_sum(tf.concat(payloads, 0), position, tf.size(distinct))
+            steps = [shard.boundary(distinct, summed[:, :-1] / 2.0, tf.cast(tf.round(summed[:, -1]), tf.int64), rule)]
+        exported = shard.export()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            for step in pushes:
+                feed = {**dict(zip(ids, [ids_ for ids_, _ in step])), **dict(zip(payloads, [p for _, p in step]))}
+                for op in steps:        # the ranks' pushes, then the boundary
+                    sess.run(op, feed)
+            return _by_id(sess.run(exported), [s for s, _ in rule.slots])
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "ftrl", "adam"])
+def test_one_op_ends_a_step_of_every_ranks_pushes_as_the_standard_shard(optimizer):
+    rng = np.random.RandomState(11)
+    pushes = []
+    for _ in range(5):
+        step = []
+        for _ in range(2):
+            ids = np.unique(rng.randint(0, 10, 4)).astype(np.int64)
+            payload = np.concatenate([rng.normal(size=(len(ids), DIM)), rng.randint(1, 3, (len(ids), 1))], 1)
+            step.append((ids, payload.astype(np.float32)))
+        pushes.append(step)
+    want = _two_rank_step_arrays(False, optimizer, pushes)
+    got = _two_rank_step_arrays(True, optimizer, pushes)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
+    assert len(want["ids"]) > 2 and want["clock"][2] > 0, want["clock"]
+
+
+def test_a_boundary_whose_pushes_never_all_come_ends_at_the_steps_deadline():
+    graph = tf.Graph()
+    with graph.as_default():
+        shard = CompiledShard("t", 0, None, TableOptions(dim=2, dtype=tf.float32, initializer=id_lib.uniform(),
+                                                         seed=1, admit_after=1, evict_after_steps=None))
+        pushed = compiled.push([shard], [tf.constant([3], tf.int64)], tf.constant([0.1, 0.2, 1.0]), 0, 2)
+        boundary = compiled.boundary_many([shard], [rule_for(OPTIMIZERS["sgd"]())], 2)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(pushed)
+            with pytest.raises((tf.errors.DeadlineExceededError, tf.errors.CancelledError)):
+                sess.run(boundary, options=tf.compat.v1.RunOptions(timeout_in_ms=300))

@@ -131,7 +131,54 @@ def read_many(shards: List[CompiledShard], message) -> tf.Tensor:
     back flattened, read after read. Every shard's initial row law must compile (`law`)."""
     laws = [shard.law for shard in shards]
     return compiled_ops.load().parallax_kv_read_many(
-        message, tf.constant([[a, b] for _, a, b, _ in laws], tf.float64),
+        message, _law_values(shards),
         shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
         admit_on_first_use=[shard.options.admit_after == 1 for shard in shards],
         law_kinds=[kind for kind, _, _, _ in laws], salts=[salt for _, _, _, salt in laws])
+
+
+def _pushes_name(device) -> str:
+    return f"parallax_kv_pushes/{device or 'local'}"
+
+
+def push(shards: List[CompiledShard], ids: List[tf.Tensor], payload, rank: int, ranks: int) -> tf.Operation:
+    """One op on the shards' server storing this rank's push of the step: per shard, its
+    distinct ids; `payload` their [ids, dim + 1] rows (gradient, occurrences), flattened shard
+    after shard. boundary_many takes every rank's."""
+    return compiled_ops.load().parallax_kv_push(
+        ids, payload, dims=[shard.options.dim for shard in shards], pushes=_pushes_name(shards[0].device),
+        rank=rank, ranks=ranks)
+
+
+def boundary_many(shards: List[CompiledShard], rules: list, ranks: int) -> tf.Operation:
+    """One op on the shards' server that waits for every rank's push (`push`, the same shards in
+    the same order), sums them per id, averages the gradients over the ranks and runs each
+    shard's boundary with its rule (`rules[k]` for shards[k]), initial rows computed inside."""
+    for shard, rule in zip(shards, rules):
+        shard.with_slots(rule.slots)
+    values = [rule.hyper[name] for rule in rules for name in HYPER_ORDER[rule.kind]]
+    if all(isinstance(value, (int, float)) for value in values):
+        hyper = tf.constant(values, tf.float32, shape=[len(values)])
+    else:
+        hyper = tf.stack([rule.value(name, tf.float32) for rule in rules for name in HYPER_ORDER[rule.kind]])
+    return compiled_ops.load().parallax_kv_boundary_many(
+        hyper, _law_values(shards), pushes=_pushes_name(shards[0].device), ranks=ranks,
+        shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
+        kinds=[rule.kind for rule in rules], nesterov=[bool(rule.hyper.get("nesterov", False)) for rule in rules],
+        learning_rate_powers=[float(rule.hyper.get("learning_rate_power", -0.5)) for rule in rules],
+        admit_after=[shard.options.admit_after for shard in shards],
+        evict_after=[-1 if shard.options.evict_after_steps is None else shard.options.evict_after_steps
+                     for shard in shards],
+        slot_counts=[len(shard.slots) for shard in shards],
+        slot_initial=[value for shard in shards for value in shard.slots.values()],
+        law_kinds=[shard.law[0] for shard in shards], salts=[shard.law[3] for shard in shards])
+
+
+def counters_many(shards: List[CompiledShard]) -> tf.Tensor:
+    """int64 [shards, 4]: each shard's live rows, boundaries so far, rows admitted, rows evicted."""
+    return compiled_ops.load().parallax_kv_counters_many(
+        shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards])
+
+
+def _law_values(shards) -> tf.Tensor:
+    return tf.constant([[shard.law[1], shard.law[2]] for shard in shards], tf.float64)

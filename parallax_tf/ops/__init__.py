@@ -40,7 +40,8 @@ def load():
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
                      "ParallaxStashBatches", "ParallaxKvShard", "ParallaxKvRead", "ParallaxKvBoundary",
                      "ParallaxKvExport", "ParallaxKvImport", "ParallaxKvRemove", "ParallaxKvCounters",
-                     "ParallaxKvTracked", "ParallaxKvReadMany"):
+                     "ParallaxKvTracked", "ParallaxKvReadMany", "ParallaxKvPush", "ParallaxKvBoundaryMany",
+                     "ParallaxKvCountersMany"):
             tf.no_gradient(name)
     return _LIBRARY
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "parallax_tf/ops/id_hash.h"
+#include "parallax_tf/ops/kv_server.h"
 #include "parallax_tf/ops/kv_shard.h"
 #include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/op.h"
@@ -25,23 +26,6 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
-
-// The shard named `name` in `container` (empty: the default one) on this op's device, made
-// (holding rows of `dim`) if no op made it yet: where ParallaxKvShard's handle finds it.
-absl::Status FindShard(OpKernelContext* ctx, const std::string& container, const std::string& name, int64_t dim,
-                       tensorflow::core::RefCountPtr<KvShard>* shard) {
-  tensorflow::ResourceMgr* rm = ctx->resource_manager();
-  KvShard* found = nullptr;
-  const std::string& in = container.empty() ? rm->default_container() : container;
-  TF_RETURN_IF_ERROR(rm->LookupOrCreate<KvShard>(in, name, &found, [&](KvShard** made) {
-    *made = new KvShard(dim, name);
-    return absl::OkStatus();
-  }));
-  shard->reset(found);
-  if (found->dim() != dim)
-    return Invalid("dynamic table shard ", name, " holds rows of ", found->dim(), "; a read asks for ", dim);
-  return absl::OkStatus();
-}
 
 // Every read of one rank's message to this server: `message` is the reads' id counts, then
 // each read's ids; `laws` [reads, 2] the doubles of each read's initial row law. The rows come

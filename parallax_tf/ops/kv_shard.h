@@ -5,9 +5,11 @@
 #ifndef PARALLAX_TF_OPS_KV_SHARD_H_
 #define PARALLAX_TF_OPS_KV_SHARD_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -21,6 +23,19 @@ namespace parallax {
 
 // The optimizer's row rule, as parallax_tf/dynamic/rules.py writes it (the same float32 steps).
 enum class RuleKind { kSgd, kMomentum, kAdagrad, kAdam, kFtrl };
+
+inline bool ParseRuleKind(const std::string& name, RuleKind* kind) {
+  static const std::pair<const char*, RuleKind> kKinds[] = {
+      {"sgd", RuleKind::kSgd}, {"momentum", RuleKind::kMomentum}, {"adagrad", RuleKind::kAdagrad},
+      {"adam", RuleKind::kAdam}, {"ftrl", RuleKind::kFtrl}};
+  for (const auto& k : kKinds) {
+    if (name == k.first) {
+      *kind = k.second;
+      return true;
+    }
+  }
+  return false;
+}
 
 struct Rule {
   RuleKind kind;
@@ -148,6 +163,63 @@ inline int HyperCount(RuleKind kind) {
   }
   return 0;
 }
+
+// The step boundary of one shard (parallax_tf/dynamic/store.py's Shard.boundary): for each of
+// the step's distinct ids, its occurrences and last step seen; admission (admit_after 1: a new id
+// starts from its initial row and slots and trains this step; k > 1: an id reaching k occurrences
+// gets its initial row without this step's gradient); the rule on the live rows and slots; then
+// eviction of ids unseen for evict_after steps (-1: none), and the clock.
+struct Boundary {
+  Rule rule;
+  int64_t admit_after, evict_after;
+  std::vector<float> slot_initial;
+
+  // `initial(i, row)` writes the initial row of ids[i]. The caller holds the shard's lock.
+  template <typename InitialRow>
+  absl::Status Run(KvShard* shard, int64_t n, const int64_t* id, const float* grad, const int64_t* count,
+                   InitialRow initial) const TF_EXCLUSIVE_LOCKS_REQUIRED(shard->mu()) {
+    const int64_t dim = shard->dim(), slots = static_cast<int64_t>(slot_initial.size());
+    TF_RETURN_IF_ERROR(shard->FixSlots(slots));
+    auto& entries = shard->entries();
+    Clock& clock = shard->clock();
+    const int64_t step = clock.step;
+    int64_t admitted = 0;
+    std::vector<float*> slot(slots);
+    for (int64_t i = 0; i < n; ++i) {
+      Entry& e = entries[id[i]];
+      const bool was_live = e.live;
+      e.count += count[i];
+      const bool admit = !was_live && (admit_after == 1 || e.count >= admit_after);
+      if (admit) {  // the initial row, each slot at its start
+        e.data.resize((1 + slots) * dim);
+        initial(i, e.data.data());
+        for (int64_t k = 0; k < slots; ++k)
+          std::fill(e.data.begin() + (1 + k) * dim, e.data.begin() + (2 + k) * dim, slot_initial[k]);
+        ++admitted;
+      }
+      // live ids train; with admission on first use a new id trains from its initial row
+      if (was_live || (admit && admit_after == 1)) {
+        for (int64_t k = 0; k < slots; ++k) slot[k] = e.data.data() + (1 + k) * dim;
+        ApplyRule(rule, dim, step, grad + i * dim, e.data.data(), slot);
+      }
+      e.live = was_live || admit;
+      e.last_seen = step;
+    }
+    int64_t evicted = 0;
+    if (evict_after >= 0) {
+      for (auto it = entries.begin(); it != entries.end();) {
+        if (it->second.last_seen <= step - evict_after) {
+          evicted += it->second.live;
+          entries.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
+    clock = Clock{step + 1, clock.admitted + admitted, clock.evicted + evicted};
+    return absl::OkStatus();
+  }
+};
 
 // The shapes a shard's ops take: ids a vector, rows [n, dim].
 inline absl::Status CheckIds(const tensorflow::Tensor& ids, const char* op) {

@@ -90,12 +90,7 @@ class KvBoundaryOp : public OpKernel {
   explicit KvBoundaryOp(OpKernelConstruction* c) : OpKernel(c) {
     std::string kind;
     OP_REQUIRES_OK(c, c->GetAttr("kind", &kind));
-    const std::vector<std::pair<std::string, RuleKind>> kinds = {
-        {"sgd", RuleKind::kSgd}, {"momentum", RuleKind::kMomentum}, {"adagrad", RuleKind::kAdagrad},
-        {"adam", RuleKind::kAdam}, {"ftrl", RuleKind::kFtrl}};
-    auto found = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
-    OP_REQUIRES(c, found != kinds.end(), Invalid("ParallaxKvBoundary: no row rule ", kind));
-    rule_.kind = found->second;
+    OP_REQUIRES(c, ParseRuleKind(kind, &rule_.kind), Invalid("ParallaxKvBoundary: no row rule ", kind));
     OP_REQUIRES_OK(c, c->GetAttr("nesterov", &rule_.nesterov));
     OP_REQUIRES_OK(c, c->GetAttr("learning_rate_power", &rule_.learning_rate_power));
     OP_REQUIRES_OK(c, c->GetAttr("admit_after", &admit_after_));
@@ -108,7 +103,7 @@ class KvBoundaryOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &shard));
     const Tensor &ids = ctx->input(1), &grads = ctx->input(2), &counts = ctx->input(3);
     const Tensor &initial = ctx->input(4), &hyper = ctx->input(5);
-    const int64_t n = ids.NumElements(), dim = shard->dim(), slots = static_cast<int64_t>(slot_initial_.size());
+    const int64_t n = ids.NumElements(), dim = shard->dim();
     OP_REQUIRES_OK(ctx, CheckIds(ids, "ParallaxKvBoundary"));
     OP_REQUIRES_OK(ctx, CheckRows(grads, n, dim, "ParallaxKvBoundary", "gradients"));
     OP_REQUIRES_OK(ctx, CheckRows(initial, n, dim, "ParallaxKvBoundary", "initial rows"));
@@ -124,45 +119,11 @@ class KvBoundaryOp : public OpKernel {
     const float* grad = grads.flat<float>().data();
     const float* fresh = initial.flat<float>().data();
 
+    Boundary how{rule, admit_after_, evict_after_, slot_initial_};
     absl::MutexLock l(shard->mu());
-    OP_REQUIRES_OK(ctx, shard->FixSlots(slots));
-    auto& entries = shard->entries();
-    Clock& clock = shard->clock();
-    const int64_t step = clock.step;
-    int64_t admitted = 0;
-    std::vector<float*> slot(slots);
-    for (int64_t i = 0; i < n; ++i) {
-      Entry& e = entries[id[i]];
-      const bool was_live = e.live;
-      e.count += count[i];
-      const bool admit = !was_live && (admit_after_ == 1 || e.count >= admit_after_);
-      if (admit) {  // the initial row, each slot at its start
-        e.data.resize((1 + slots) * dim);
-        std::copy(fresh + i * dim, fresh + (i + 1) * dim, e.data.begin());
-        for (int64_t k = 0; k < slots; ++k)
-          std::fill(e.data.begin() + (1 + k) * dim, e.data.begin() + (2 + k) * dim, slot_initial_[k]);
-        ++admitted;
-      }
-      // live ids train; with admission on first use a new id trains from its initial row
-      if (was_live || (admit && admit_after_ == 1)) {
-        for (int64_t k = 0; k < slots; ++k) slot[k] = e.data.data() + (1 + k) * dim;
-        ApplyRule(rule, dim, step, grad + i * dim, e.data.data(), slot);
-      }
-      e.live = was_live || admit;
-      e.last_seen = step;
-    }
-    int64_t evicted = 0;
-    if (evict_after_ >= 0) {
-      for (auto it = entries.begin(); it != entries.end();) {
-        if (it->second.last_seen <= step - evict_after_) {
-          evicted += it->second.live;
-          entries.erase(it++);
-        } else {
-          ++it;
-        }
-      }
-    }
-    clock = Clock{step + 1, clock.admitted + admitted, clock.evicted + evicted};
+    OP_REQUIRES_OK(ctx, how.Run(shard.get(), n, id, grad, count, [&](int64_t i, float* row) {
+      std::copy(fresh + i * dim, fresh + (i + 1) * dim, row);
+    }));
   }
 
  private:

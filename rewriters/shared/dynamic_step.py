@@ -1,9 +1,13 @@
 """The synchronous step's part for dynamic tables (parallax_tf.dynamic): every rank pushes, per
-shard, the distinct ids its batch read with their gradients and occurrences into an accumulator
-next to the shard; rank 0 takes every rank's push, sums them per id and runs the shard's step
-boundary there (the optimizer's row rule, admission, eviction), then hands every other rank a
-token. A rank reads its next batch's rows only after its token, so every rank reads the table
-the last boundary left, and a dynamic table trains exactly as in one process.
+shard, the distinct ids its batch read with their gradients and occurrences to the shard's
+server; rank 0 takes every rank's push, sums them per id and runs the shard's step boundary
+there (the optimizer's row rule, admission, eviction), then hands every other rank a token. A
+rank reads its next batch's rows only after its token, so every rank reads the table the last
+boundary left, and a dynamic table trains exactly as in one process.
+
+Where a server's shards are compiled (dynamic/compiled.py), a rank's reads there are one op,
+its push one op and rank 0's boundary one op for all of them; other shards push into an
+accumulator each and end the step in standard ops.
 
 Every tensor crossing between tasks is a RecvTensor call of its own, so a rank's messages to
 one server are packed, however many tables and shards live there (as rewriters/shared/
@@ -31,6 +35,7 @@ class DynamicTablesStep:
         self.topo = request.topology
         self.pushes: List[tf.Operation] = []
         self.push_on: Dict[str, tf.Operation] = {}      # server -> this rank's push there
+        self.fused: Dict[str, list] = {}                # server -> its shards, pushed to in one compiled op
         self.boundaries: List[tf.Operation] = []
         self.counters: Dict[str, tf.Tensor] = {}
         self.lower_bound: list = []
@@ -68,7 +73,8 @@ class DynamicTablesStep:
             self._boundaries(found, model_optimizer)
 
     def _push(self, sent, moved: list) -> None:
-        """Per server, every payload in one message, split there into each shard's accumulator."""
+        """Per server, every payload in one message: one compiled push where the server's shards
+        are compiled, else split there into each shard's accumulator."""
         by_device: Dict[str, list] = {}
         for item in sent:
             by_device.setdefault(item[0].device, []).append(item)
@@ -78,47 +84,65 @@ class DynamicTablesStep:
             if self.topo.crosses_processes(device):
                 moved.append(tensor_bytes(flat))
                 moved.extend(tensor_bytes(ids) for _, ids, _, _, crossing in items if crossing)
+            shards = [item[0] for item in items]
             with tf.device(device):
-                widths = [int(item[2].shape[1]) for item in items]
-                sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
-                pieces = tf.split(flat, sizes, num=len(items))
-                pushes = [_push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
-                          for item, piece, width in zip(items, pieces, widths)]
-                self.push_on[device] = tf.group(*pushes)
+                if compiled.fusable(shards) and len({id(shard) for shard in shards}) == len(shards):
+                    self.fused[device] = shards
+                    self.push_on[device] = compiled.push(shards, [item[1] for item in items], flat, self.topo.rank,
+                                                         self.topo.size)
+                else:
+                    widths = [int(item[2].shape[1]) for item in items]
+                    sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
+                    pieces = tf.split(flat, sizes, num=len(items))
+                    self.push_on[device] = tf.group(*[
+                        _push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
+                        for item, piece, width in zip(items, pieces, widths)])
                 self.pushes.append(self.push_on[device])
 
     def _boundaries(self, found, model_optimizer) -> None:
-        """Rank 0: each shard takes every rank's push and ends the step; per server, one group of
-        them and one tensor of counters."""
+        """Rank 0: every shard takes every rank's push and ends the step (one compiled op per
+        server where its shards are compiled); per server, one group of them and one tensor of
+        counters. Each waits for this rank's own push there only (a wait on every push would
+        cross servers)."""
         size = self.topo.size
+        trained = [table for table in table_lib.tables(found[0].rows.graph)
+                   if any(look.table is table for look in found)]
+        rules = {table.name: table.rule(model_optimizer) for table in trained}
+        fused = {}
+        for device, shards in self.fused.items():
+            with tf.device(device), tf.control_dependencies([self.push_on[device]]):
+                fused[device] = compiled.boundary_many(shards, [rules[shard.name] for shard in shards], size)
         ended_on: Dict[str, list] = {}
-        counters_on: Dict[str, list] = {}
-        for table in table_lib.tables(found[0].rows.graph):
-            if not any(look.table is table for look in found):
-                continue
-            rule, boundaries = table.rule(model_optimizer), []
-            for shard in table.shards:
-                # after this rank's own push there (a wait on every push would cross servers)
-                with tf.device(shard.device), tf.control_dependencies([self.push_on[shard.device]]):
-                    taken = _accumulator(shard, table.dim + 1, table.options.dtype).take_indexed_slices_grad(size)
-                    taken.indices.set_shape([None])
-                    taken.values.set_shape([None, table.dim + 1])
-                    distinct, position = tf.unique(taken.indices, out_idx=tf.int32)
-                    summed = tf.math.unsorted_segment_sum(taken.values, position, tf.size(distinct))
-                    mean = summed[:, :-1] / tf.cast(size, summed.dtype)
-                    occurrences = tf.cast(tf.round(summed[:, -1]), tf.int64)
-                    boundaries.append(shard.boundary(distinct, mean, occurrences, rule))
+        for table in trained:
+            boundaries = [fused[shard.device] if shard.device in fused else
+                          self._taken_boundary(shard, rules[table.name]) for shard in table.shards]
             ended = table.end_step(boundaries)
             for shard in table.shards:
                 ended_on.setdefault(shard.device, []).append(ended)
-                with tf.control_dependencies([ended]):
-                    counters_on.setdefault(shard.device, []).append((table.name, shard.counters()))
         for device in sorted(ended_on, key=str):
+            shards = self.fused.get(device) or [shard for table in trained for shard in table.shards
+                                                if shard.device == device]
             with tf.device(device):
                 self.boundaries.append(tf.group(*ended_on[device]))
-                packed = tf.stack([counters for _, counters in counters_on[device]])
-            for (name, _), row in zip(counters_on[device], tf.unstack(packed)):
-                self.counters[name] = self.counters.get(name, 0) + tf.gather(row, [0, 2, 3])   # rows, admitted, evicted
+                with tf.control_dependencies(ended_on[device]):
+                    packed = compiled.counters_many(shards) if device in self.fused else \
+                        tf.stack([shard.counters() for shard in shards])
+            packed.set_shape([len(shards), 4])
+            for shard, row in zip(shards, tf.unstack(packed)):     # rows, admitted, evicted
+                self.counters[shard.name] = self.counters.get(shard.name, 0) + tf.gather(row, [0, 2, 3])
+
+    def _taken_boundary(self, shard, rule) -> tf.Operation:
+        """A shard's boundary on what its accumulator took from every rank."""
+        size, dim = self.topo.size, shard.options.dim
+        with tf.device(shard.device), tf.control_dependencies([self.push_on[shard.device]]):
+            taken = _accumulator(shard, dim + 1, shard.options.dtype).take_indexed_slices_grad(size)
+            taken.indices.set_shape([None])
+            taken.values.set_shape([None, dim + 1])
+            distinct, position = tf.unique(taken.indices, out_idx=tf.int32)
+            summed = tf.math.unsorted_segment_sum(taken.values, position, tf.size(distinct))
+            mean = summed[:, :-1] / tf.cast(size, summed.dtype)
+            occurrences = tf.cast(tf.round(summed[:, -1]), tf.int64)
+            return shard.boundary(distinct, mean, occurrences, rule)
 
     @property
     def active(self) -> bool:
