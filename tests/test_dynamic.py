@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import parallax_tf as ptf
 from parallax_tf import dynamic
+from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic.state import DynamicState
 from parallax_tf.errors import ConfigError, ModelError
@@ -188,6 +189,20 @@ def test_the_compiled_initial_rows_equal_the_served_standard_ops(initializer):
     assert "ParallaxIdUniform" in kinds
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(got)) == got.size
+
+
+def test_the_compiled_owners_equal_the_standard_ops():
+    with tf.Graph().as_default():
+        ids = tf.constant([0, 1, -1, 2 ** 62 + 7, -2 ** 63, 2 ** 63 - 1, 123456789, *range(100, 400)], tf.int64)
+        compiled = [id_lib.owner(ids, shards) for shards in (2, 3, 8)]
+        standard = [id_lib.owner(ids, shards, standard_ops=True) for shards in (2, 3, 8)]
+        kinds = {op.type for op in tf.compat.v1.get_default_graph().get_operations()}
+        with tf.compat.v1.Session() as sess:
+            got, want = sess.run([compiled, standard])
+    assert "ParallaxIdOwner" in kinds
+    for shards, g, w in zip((2, 3, 8), got, want):
+        np.testing.assert_array_equal(g, w)
+        assert set(g.tolist()) == set(range(shards))
 
 
 def test_ids_from_a_huge_range_train_in_bounded_memory():

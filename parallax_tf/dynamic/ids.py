@@ -38,11 +38,15 @@ def mix(x: tf.Tensor) -> tf.Tensor:
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(31, tf.uint64)))
 
 
-def owner(ids: tf.Tensor, shards: int) -> tf.Tensor:
+def owner(ids: tf.Tensor, shards: int, standard_ops: bool = False) -> tf.Tensor:
     """The shard (int32 in [0, shards)) that holds each id's row: mixed first, so ids with a
-    pattern (all even, one range) still spread evenly."""
+    pattern (all even, one range) still spread evenly. One compiled op; `standard_ops`:
+    TensorFlow's own bitwise ops, the same owners."""
     if shards == 1:
         return tf.zeros_like(ids, tf.int32)
+    if not standard_ops:
+        from parallax_tf import ops
+        return ops.id_owner(ids, shards)
     mixed = mix(tf.bitcast(ids, tf.uint64) + tf.constant(_GOLDEN, tf.uint64))
     return tf.cast(mixed % tf.constant(shards, tf.uint64), tf.int32)
 

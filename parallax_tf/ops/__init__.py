@@ -37,6 +37,7 @@ def load():
         tf.no_gradient("ParallaxStaleApply")
         tf.no_gradient("ParallaxVersionedRead")
         tf.no_gradient("ParallaxIdUniform")
+        tf.no_gradient("ParallaxIdOwner")
         for name in ("ParallaxInputStash", "ParallaxStashPut", "ParallaxStashTake", "ParallaxStashSize",
                      "ParallaxStashBatches", "ParallaxKvShard", "ParallaxKvRead", "ParallaxKvBoundary",
                      "ParallaxKvExport", "ParallaxKvImport", "ParallaxKvRemove", "ParallaxKvCounters",
@@ -151,6 +152,11 @@ def id_uniform(ids, dim: int, salt: int):
     """[len(ids), dim] doubles in [0, 1), each a hash of (salt, id, column): see
     parallax_tf/dynamic/ids.py, whose standard-op form it equals."""
     return load().parallax_id_uniform(ids=ids, dim=dim, salt=salt)
+
+
+def id_owner(ids, shards: int):
+    """int32: the shard of `shards` owning each id (parallax_tf/dynamic/ids.py's `owner`)."""
+    return load().parallax_id_owner(ids=ids, shards=shards)
 
 
 def _handle(variable):

@@ -1,6 +1,6 @@
-// A dynamic table's per-id uniforms (id_hash.h) as an op: one kernel for what is ~25 graph ops
-// in TensorFlow's own bitwise ops, which a served model still uses (standard ops only): the
-// same integers, so the same doubles.
+// A dynamic table's per-id uniforms and owners (id_hash.h) as ops: one kernel each for what is
+// ~25 and ~10 graph ops in TensorFlow's own bitwise ops, which a served model still uses
+// (standard ops only): the same integers, so the same doubles and the same owners.
 #include <cstdint>
 
 #include "parallax_tf/ops/id_hash.h"
@@ -43,7 +43,41 @@ class IdUniformOp : public OpKernel {
   uint64_t salt_;
 };
 
+// The shard (int32 in [0, shards)) owning each id: splitmix64(id + golden) mod shards.
+class IdOwnerOp : public OpKernel {
+ public:
+  explicit IdOwnerOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shards", &shards_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &out));
+    const int64_t* id = ids.flat<int64_t>().data();
+    int32_t* owner = out->flat<int32_t>().data();
+    const uint64_t shards = static_cast<uint64_t>(shards_);
+    for (int64_t i = 0; i < ids.NumElements(); ++i)
+      owner[i] = static_cast<int32_t>(Mix(static_cast<uint64_t>(id[i]) + kGolden) % shards);
+  }
+
+ private:
+  int64_t shards_;
+};
+
 }  // namespace
+
+REGISTER_OP("ParallaxIdOwner")
+    .Input("ids: int64")
+    .Output("owner: int32")
+    .Attr("shards: int >= 1")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("The shard owning each id: splitmix64(id + golden) mod shards.");
+
+REGISTER_KERNEL_BUILDER(Name("ParallaxIdOwner").Device(::tensorflow::DEVICE_CPU), IdOwnerOp);
 
 REGISTER_OP("ParallaxIdUniform")
     .Input("ids: int64")
