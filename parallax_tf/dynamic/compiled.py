@@ -1,7 +1,11 @@
-"""One shard of a dynamic table in parallax_tf's compiled hash map (ops/kv_table_ops.cc,
-ops/kv_table_io_ops.cc), with store.Shard's interface. A read is one op, the step boundary one
-op per shard and step, and the row rule is the same data (rules.RowRule) the standard-op shard
-reads; store.Shard stays the reference and what a served model reads. It holds float32 rows."""
+"""Dynamic-table shards in parallax_tf's compiled hash map (ops/kv_*.cc).
+
+`CompiledShard` has store.Shard's interface (a read and a boundary are one op each per shard);
+the row rule is the same data (rules.RowRule) the standard-op shard reads, and store.Shard stays
+the reference and what a served model reads. It holds float32 rows. `read_many`, `push`,
+`boundary_many` and `counters_many` serve every compiled shard of one server in one op each
+(rewriters/shared/dynamic_step.py), with the initial rows of the laws that compile (`law`)
+computed inside."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
