@@ -264,20 +264,28 @@ class KvBoundaryManyOp : public AsyncOpKernel {
       }
     });
     OP_REQUIRES_ASYNC(ctx, registered, absl::CancelledError("ParallaxKvBoundaryMany: the step was cancelled"), done);
-    OP_REQUIRES_OK_ASYNC(ctx, pushes->Wait([this, ctx, done, cm, token, hyper, law_values](std::vector<Push> all) {
+    const absl::Status waiting = pushes->Wait([this, ctx, done, cm, token, hyper, law_values](std::vector<Push> all) {
       cm->TryDeregisterCallback(token);
       ctx->SetStatus(Apply(ctx, all, hyper, law_values));
       done();
-    }), done);
+    });
+    if (!waiting.ok()) cm->TryDeregisterCallback(token);
+    OP_REQUIRES_OK_ASYNC(ctx, waiting, done);
   }
 
  private:
   // Every shard's boundary on the ranks' pushes.
   absl::Status Apply(OpKernelContext* ctx, const std::vector<Push>& all, const Tensor& hyper,
                      const Tensor& law_values) const {
-    for (const Push& push : all)
+    for (const Push& push : all) {
       if (push.ids.size() != names_.size())
         return Invalid("ParallaxKvBoundaryMany: a push holds ", push.ids.size(), " shards' ids for ", names_.size());
+      int64_t floats = 0;
+      for (size_t k = 0; k < names_.size(); ++k) floats += push.ids[k].NumElements() * (dims_[k] + 1);
+      if (floats != push.payload.NumElements())
+        return Invalid("ParallaxKvBoundaryMany: a push's payload holds ", push.payload.NumElements(),
+                       " floats; its ids and the shards' dims ask for ", floats);
+    }
     std::vector<int64_t> offsets(all.size(), 0);
     const float* h = hyper.flat<float>().data();
     const double* law_value = law_values.flat<double>().data();
