@@ -46,7 +46,7 @@ def model_fn(optimizer: str, strings: bool = False, twice: bool = False, **table
     def build():
         ids = tf.compat.v1.placeholder(tf.string if strings else tf.int64, [None, FEATURES], name="ids")
         y = tf.compat.v1.placeholder(tf.float32, [None], name="y")
-        table = dynamic.DynamicEmbedding("emb", DIM, **table_options)
+        table = dynamic.DynamicEmbedding("emb", DIM, **_table_options(table_options))
         rows = table.lookup(ids) if not twice else \
             tf.concat([table.lookup(ids[:, :2]), table.lookup(ids[:, 2:])], 1)    # [batch, features, dim]
         dense = tf.compat.v1.get_variable("dense", initializer=tf.constant([[0.3], [-0.2], [0.1]]))
@@ -54,6 +54,16 @@ def model_fn(optimizer: str, strings: bool = False, twice: bool = False, **table
         loss = tf.reduce_mean(tf.square(pred - y))
         return ptf.Model(loss=loss, optimizer=OPTIMIZERS[optimizer](), predictions=pred)
     return build
+
+
+def _table_options(options: dict) -> dict:
+    """DynamicEmbedding's options as JSON gives them: {"normal": s} is the initializer
+    dynamic.normal(s), a law only standard ops compute (its server's shards then push through
+    accumulators and end the step in standard ops)."""
+    options = dict(options)
+    if "normal" in options:
+        options["initializer"] = dynamic.normal(options.pop("normal"))
+    return options
 
 
 def exported_first_use():

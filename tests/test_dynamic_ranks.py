@@ -29,6 +29,8 @@ TWO_RANKS = [   # name, strategy, optimizer, table options, further flags
     ("collective_adagrad_admit", "collective", "adagrad", {"admit_after": 2}, ["--partitions=2"]),
     # two lookups of the table: their ids merged before the push; the same model as one lookup
     ("hybrid_adagrad_two_lookups", "hybrid", "adagrad", {"admit_after": 2}, ["--partitions=2", "--twice=true"]),
+    # a law the compiled ops leave to standard ops: the servers take the accumulators' path
+    ("hybrid_adagrad_normal_law", "hybrid", "adagrad", {"normal": 0.3, "capacity": 6}, ["--partitions=2"]),
 ]
 THREE_RANKS = [
     ("hybrid_adagrad_admit_evict", "hybrid", "adagrad", {"admit_after": 2, "evict_after_steps": 3}, ["--partitions=2"]),
