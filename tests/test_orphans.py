@@ -29,6 +29,8 @@ class _Job:
                 [launch.PYTHON, "tests/jobs/endless_job.py", "--np=2", "--steps=100000", "--log_every=0",
                  "--commit_every=5", f"--out={self.out}"],
                 cwd=launch.ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                # a terminal's process takes SIGHUP's default (this suite may run under nohup)
+                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
                 env=dict(os.environ, PYTHONPATH=launch.ROOT, TF_CPP_MIN_LOG_LEVEL="2", **{MARK_ENV: self.marker}))
         self.folders, self.launcher = [], None
 
