@@ -25,11 +25,12 @@ with _quiet.tensorflow_import(_sys.argv):
     from parallax_tf.export import export_saved_model  # noqa: E402
     from parallax_tf import dynamic  # noqa: E402
     from parallax_tf.dynamic import DynamicEmbedding  # noqa: E402
+    from parallax_tf import keras, tf_keras  # noqa: E402
 from parallax_tf.errors import ClusterError, ConfigError, Diverged, InputError, ModelError, ParallaxError  # noqa: E402
 from parallax_tf.model import Model, Result, RunContext  # noqa: E402
 from parallax_tf.rank_run import rank, size  # noqa: E402
 from parallax_tf.plan import Plan, Shard, VariablePlan  # noqa: E402
 
-__all__ = ["run", "fit", "export_saved_model", "DynamicEmbedding", "dynamic", "rank", "size", "Model", "Result",
+__all__ = ["run", "fit", "export_saved_model", "DynamicEmbedding", "dynamic", "keras", "tf_keras", "rank", "size", "Model", "Result",
            "RunContext", "Plan", "Shard", "VariablePlan",
            "ParallaxError", "ModelError", "InputError", "ConfigError", "ClusterError", "Diverged"]

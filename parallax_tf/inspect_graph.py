@@ -96,6 +96,7 @@ def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
         forward = graph_walk.ancestors(training.loss.op)
     infos, initial = _describe_variables(built, found, forward)
     initial.update({name: np.asarray(value) for name, value in found.state_values.items()})
+    initial.update(dynamic.start_values(graph))      # a dynamic layer's table goes on from its last run
     optimizers = sorted({type(a.optimizer).__name__ for a in training.applies})
     view = CaptureView(graph, training, built.groups, {i.name: i.layer for i in infos}, built.state_vars, feeds,
                        built.initializers, evaluate, time_compute, process)

@@ -53,6 +53,9 @@ class Training:
     # a front end that splits variables into row shards itself (a traced step): variable op name
     # -> why it cannot split that one. None: get_variable's partitioner splits them (a model_fn).
     split_refusals: Optional[Dict[str, str]] = None
+    # what dynamic tables' rows are differentiated from: (ys, grad_ys) of each gradient call of a
+    # traced step, whose returned loss may be a running mean; None: the loss
+    row_targets: Optional[List[tuple]] = None
 
     def raw_gradients(self) -> Dict[str, tuple]:
         """Applied variable (op name) -> (its raw gradient, the gradient call it came from)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from parallax_tf.compat import tensorflow as tf_shim
@@ -37,8 +38,14 @@ class RowRule:
 
 
 def rule_for(optimizer) -> RowRule:
-    """The row rule of a tf.compat.v1.train optimizer, or one ModelError naming those that have one."""
+    """The row rule of a tf.compat.v1.train optimizer or a Keras one (Keras 3, tf_keras), or one
+    ModelError naming those that have one."""
+    in_graph = getattr(optimizer, "in_graph", None)     # a traced step's optimizer, with its variables here
+    if in_graph is not None:
+        optimizer = optimizer.used
     kind = type(optimizer).__name__
+    if _is_keras(optimizer):
+        return _keras_rule(optimizer, in_graph or (lambda value: None))
     train = tf.compat.v1.train
     if isinstance(optimizer, train.MomentumOptimizer):
         lr, momentum, nesterov = tf_shim.momentum_hyper_parameters(optimizer)
@@ -64,6 +71,72 @@ def rule_for(optimizer) -> RowRule:
     raise ModelError(f"a dynamic embedding table cannot train with {kind}: its rows train with one of "
                      f"tf.compat.v1.train's {', '.join(SUPPORTED)} (pass one as Model(optimizer=...) or "
                      "DynamicEmbedding(..., optimizer=...))")
+
+
+KERAS_SUPPORTED = ("SGD", "Adagrad", "Adam", "Ftrl")
+
+
+def _is_keras(optimizer) -> bool:
+    module = type(optimizer).__module__
+    return module.split(".")[0] in ("keras", "tf_keras")
+
+
+def _keras_rule(optimizer, in_graph: Callable) -> RowRule:
+    """A Keras optimizer's rule, in the form of its tf.compat.v1.train twin: SGD (momentum and
+    Nesterov as TF1's accumulator, the same steps), Adagrad (without Keras' epsilon under the
+    square root), lazy Adam, Ftrl. A hyper-parameter held in a variable reads the graph's copy
+    (`in_graph`: the graph's variable for the optimizer's own, or None), else its value now."""
+    def value(v):
+        return _keras_value(v, in_graph)
+
+    kind = type(optimizer).__name__
+    if kind not in KERAS_SUPPORTED or getattr(optimizer, "amsgrad", False):
+        raise ModelError(f"a dynamic embedding table cannot train with Keras' {kind}"
+                         f"{' (amsgrad)' if getattr(optimizer, 'amsgrad', False) else ''}: its rows train with "
+                         f"{', '.join(KERAS_SUPPORTED)} (pass one to compile, or DynamicEmbedding(..., optimizer=...))")
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if "LearningRateSchedule" in {base.__name__ for base in type(schedule).__mro__}:
+        raise ModelError(f"a dynamic embedding table trains with a constant learning rate; {kind}'s is "
+                         f"{type(schedule).__name__} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
+    lr = value(optimizer.learning_rate)
+    if kind == "SGD":
+        momentum = float(value(getattr(optimizer, "momentum", 0.0)))
+        if momentum == 0.0:
+            return RowRule("sgd", dict(learning_rate=lr), [])
+        return RowRule("momentum", dict(learning_rate=lr, momentum=momentum,
+                                        nesterov=bool(getattr(optimizer, "nesterov", False))), [("momentum", 0.0)])
+    if kind == "Adagrad":
+        return RowRule("adagrad", dict(learning_rate=lr),
+                       [("accumulator", float(optimizer.initial_accumulator_value))])
+    if kind == "Adam":
+        return RowRule("adam", dict(learning_rate=lr, beta1=float(value(optimizer.beta_1)),
+                                    beta2=float(value(optimizer.beta_2)), epsilon=float(optimizer.epsilon)),
+                       [("m", 0.0), ("v", 0.0)])
+    return RowRule("ftrl", dict(learning_rate=lr, learning_rate_power=float(optimizer.learning_rate_power),
+                                l1=float(optimizer.l1_regularization_strength),
+                                l2=float(optimizer.l2_regularization_strength), beta=float(optimizer.beta),
+                                l2_shrinkage=float(optimizer.l2_shrinkage_regularization_strength)),
+                   [("accum", float(optimizer.initial_accumulator_value)), ("linear", 0.0)])
+
+
+def _keras_value(value, in_graph: Callable):
+    """A hyper-parameter: a number, the graph's copy of the variable holding it, or the value of
+    an eager one now; a tensor of the graph being built stays a tensor."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    here = in_graph(value)
+    if here is not None:
+        return here
+    inner = getattr(value, "value", None)          # a Keras 3 variable's tf.Variable
+    value = inner if isinstance(inner, tf.Variable) and not isinstance(value, tf.Variable) else value
+    try:
+        graph = value.graph
+    except (AttributeError, RuntimeError):        # an eager tensor or variable has none
+        graph = None
+    if graph is tf.compat.v1.get_default_graph():
+        return value
+    with tf.init_scope():
+        return float(np.asarray(value))
 
 
 def _sgd_step(rule, rows, slots, grads, step):

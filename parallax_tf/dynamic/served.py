@@ -22,13 +22,19 @@ class ServedRows:
                                                 name=f"{name}/values", use_resource=True)
 
     def read(self, ids: tf.Tensor) -> tf.Tensor:
-        opts = self.options
-        live = self.ids.read_value()
-        at = tf.searchsorted(live, ids)
-        padded_ids = tf.concat([live, tf.zeros([1], tf.int64)], 0)
-        found = tf.logical_and(at < tf.size(live), tf.equal(tf.gather(padded_ids, at), ids))
-        padded = tf.concat([self.values.read_value(), tf.zeros([1, opts.dim], opts.dtype)], 0)
-        stored = tf.gather(padded, tf.where(found, at, tf.size(live)))
-        fresh = (opts.initializer.rows(ids, opts.dim, opts.seed, opts.dtype, standard_ops=True)
-                 if opts.admit_after == 1 else tf.zeros_like(stored))
-        return tf.where(found[:, None], stored, fresh)
+        return read_live(self.ids, self.values, self.options, ids)
+
+
+def read_live(live_ids, live_values, options, ids: tf.Tensor) -> tf.Tensor:
+    """The rows of int64 `ids` ([n] -> [n, dim]) from a table's live rows (variables of its
+    ascending ids and their values), by binary search; an id without a row reads what training
+    would."""
+    live = live_ids.read_value()
+    at = tf.searchsorted(live, ids)
+    padded_ids = tf.concat([live, tf.zeros([1], tf.int64)], 0)
+    found = tf.logical_and(at < tf.size(live), tf.equal(tf.gather(padded_ids, at), ids))
+    padded = tf.concat([live_values.read_value(), tf.zeros([1, options.dim], options.dtype)], 0)
+    stored = tf.gather(padded, tf.where(found, at, tf.size(live)))
+    fresh = (options.initializer.rows(ids, options.dim, options.seed, options.dtype, standard_ops=True)
+             if options.admit_after == 1 else tf.zeros_like(stored))
+    return tf.where(found[:, None], stored, fresh)

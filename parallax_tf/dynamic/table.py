@@ -198,8 +198,10 @@ def _shard(name: str, index: int, device, options: TableOptions):
 
 
 def model_optimizer(applies):
-    """The optimizer a table without its own trains with: the model's, when it has exactly one."""
-    optimizers = {id(a.optimizer): a.optimizer for a in applies}
+    """The optimizer a table without its own trains with: the model's, when it has exactly one (a
+    traced step's apply holds the one it `used`; a hand-written update has none)."""
+    optimizers = {id(getattr(a.optimizer, "used", a.optimizer)): a.optimizer for a in applies
+                  if getattr(a.optimizer, "used", a.optimizer) is not None}
     return next(iter(optimizers.values())) if len(optimizers) == 1 else None
 
 

@@ -84,3 +84,5 @@ class StepFrontEnd:
                     variable.aggregation == tf.VariableAggregation.SUM:
                 value = value * result.size
             variable.assign(value)
+        for lookup in converter.trace.dynamic_lookups:
+            lookup.layer.take(result.variables)

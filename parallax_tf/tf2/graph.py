@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf import graph_walk, input_shard
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
 from parallax_tf.tf2 import split, variables
@@ -232,6 +233,7 @@ class Converter:
         input_map.update({f"{op}:0": tf.constant(value) for op, value in self.found.constants.items()})
         tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
         graph = tf.compat.v1.get_default_graph()
+        self._dynamic_lookups(graph)
         splits, replaced = {}, {}
         for variable_id, shards in made.items():
             if isinstance(shards, split.Shards) and variable_id in self.tape_grads:
@@ -240,6 +242,16 @@ class Converter:
                 replaced.update(split.apply_split(shards, grad, splits[variable_id][1]))
         split.reorder(graph, replaced)
         return self._record(made, share, ctx, splits, replaced)
+
+    def _dynamic_lookups(self, graph) -> None:
+        """Each dynamic layer's stand-in rows become a lookup of its table in this graph."""
+        for traced in self.trace.dynamic_lookups:
+            stand_in = _imported(graph, traced.rows)
+            rows = traced.layer.graph_table().lookup(_imported(graph, traced.ids))
+            for op in list(stand_in.consumers()):
+                for index, tensor in enumerate(op.inputs):
+                    if tensor is stand_in:
+                        tf_shim.update_input(op, index, rows)
 
     def _record(self, made: Dict[int, object], share, ctx, splits: Dict[int, tuple], replaced: dict) -> Training:
         graph = tf.compat.v1.get_default_graph()
@@ -281,7 +293,8 @@ class Converter:
                         global_step=None, keras_layers={},
                         inputs=input_shard.Scope(ctx, False),
                         rows_each={made[i].op.name for i in self.rows_each if isinstance(made.get(i), tf.Variable)},
-                        split_refusals=self._split_refusals(graph, made))
+                        split_refusals=self._split_refusals(graph, made),
+                        row_targets=[(c.ys, c.grad_ys) for c in calls])
 
     def _apply(self, update: _Update, made: Dict[int, object], per_variable, run_instead) -> Apply:
         """One update of the trace as the record's Apply: what it writes, its slots (per shard
@@ -302,7 +315,7 @@ class Converter:
         writes = run_instead([op for op in update.ops if _writes(op)])
         pairs = [(g, v) for grad, variable in update.pairs for v, g in per_variable(variable, grad)]
         counter = made.get(id(update.counter)) if update.counter is not None else None
-        return Apply(TracedOptimizer(update.optimizer, slots), pairs, None, tf.group(*writes), created, counter)
+        return Apply(TracedOptimizer(update.optimizer, slots, made), pairs, None, tf.group(*writes), created, counter)
 
     def _split_refusals(self, graph, made: Dict[int, object]) -> Dict[str, str]:
         """Trainable variable op name -> why it cannot be split into row shards (split.refusal)."""
@@ -345,9 +358,15 @@ class TracedOptimizer:
     """An apply of the traced step as the later stages ask an optimizer about it: its slots
     (tf.compat.v1.train.Optimizer's get_slot_names / get_slot) and what the step used."""
 
-    def __init__(self, used, slots: Dict[str, Dict[str, tf.Variable]]):
+    def __init__(self, used, slots: Dict[str, Dict[str, tf.Variable]], made: Optional[Dict[int, object]] = None):
         self.used = used                  # the step's optimizer, or None for a hand-written update
         self.slots = slots               # variable op name -> slot name -> slot variable
+        self._made = made or {}           # id(the script's variable) -> this graph's
+
+    def in_graph(self, variable):
+        """This graph's variable for one of the script's (a Keras 3 variable's too), or None."""
+        found = self._made.get(id(_tf_variable(variable)))
+        return found if isinstance(found, tf.Variable) else None
 
     @property
     def name(self) -> str:

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from parallax_tf.dynamic import layer as dynamic_layer
 from parallax_tf.errors import ModelError
 
 
@@ -44,6 +45,7 @@ class Trace:
     outputs: Dict[str, tf.Tensor]  # "loss" and the metrics the step returns beside it
     tape_calls: List[TapeCall]
     optimizer_calls: List[OptimizerCall]
+    dynamic_lookups: List[dynamic_layer.TracedLookup] = dataclasses.field(default_factory=list)
 
 
 def _optimizer_entry_points():
@@ -167,7 +169,7 @@ def trace(step, element_spec) -> Trace:
     fresh = tf.function(python_function) if python_function is not None else tf.function(step)
     args, kwargs = call_signature(element_spec)
     recorder = _Recorder()
-    with recorder.recording():
+    with recorder.recording(), dynamic_layer.tracing() as lookups:
         concrete = fresh.get_concrete_function(*args, **kwargs)
     graph = concrete.graph
     structured = concrete.structured_outputs
@@ -178,7 +180,7 @@ def trace(step, element_spec) -> Trace:
                          "(`grads = tape.gradient(loss, model.trainable_variables)`) inside the step")
     captured_inputs = len(graph.inputs) - len(graph.captures)
     return Trace(graph, list(graph.inputs[:captured_inputs]), outputs, tapes,
-                 recorder.optimizer_calls.get(graph, []))
+                 recorder.optimizer_calls.get(graph, []), [look for look in lookups if look.rows.graph is graph])
 
 
 def _named_outputs(structured) -> Dict[str, tf.Tensor]:

@@ -47,7 +47,7 @@ class DynamicTablesStep:
 
     def _build(self, rebuilt, found, moved: list) -> None:
         model_optimizer = table_lib.model_optimizer(rebuilt.training.applies)
-        grads = dict(zip((id(look) for look in found), tf.gradients(rebuilt.loss, [look.rows for look in found])))
+        grads = dict(zip((id(look) for look in found), _row_gradients(rebuilt, [look.rows for look in found])))
         sent = []            # (shard, ids as its device sees them, payload on the worker, reads to wait for,
                              # whether the ids cross again)
         for table in table_lib.tables(rebuilt.loss.graph):
@@ -221,3 +221,18 @@ def _token_queue(rank: int, topo):
     with tf.control_dependencies(None), tf.device(f"/job:ps/task:{topo.host_of(rank)}"):
         return tf.queue.FIFOQueue(4, [tf.float64], shapes=[[1]], shared_name=f"parallax_dynamic_token_{rank}",
                                   name=f"parallax_dynamic_token_{rank}")
+
+
+def _row_gradients(rebuilt, rows: list) -> list:
+    """The objective's gradient for each lookup's rows: the loss's, or the sum over a traced
+    step's gradient calls (training_record.Training.row_targets)."""
+    targets = rebuilt.training.row_targets
+    if not targets:
+        return tf.gradients(rebuilt.loss, rows)
+    per_call = [tf.gradients(ys, rows, grad_ys) for ys, grad_ys in targets]
+    summed = []
+    for found in zip(*per_call):
+        found = [g for g in found if g is not None]
+        summed.append(None if not found else found[0] if len(found) == 1 else tf.add_n(
+            [tf.convert_to_tensor(g) for g in found]))
+    return summed
