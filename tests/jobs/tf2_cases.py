@@ -1,6 +1,7 @@
 """The TF2 scripts tests/jobs/tf2_job.py trains: each function trains its script through
 ptf.run (or ptf.fit) and the same script on one device, and returns both (Outcome)."""
 import dataclasses
+import os
 from typing import List
 
 import numpy as np
@@ -367,7 +368,65 @@ def keras3_fit_wide(strategy, hooks):
     return _fitted(_fit_wide, x, y, strategy, hooks, batch_size=16, epochs=2, shuffle=False)
 
 
-CASES = {"guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
+DYNAMIC_IDS = 10 ** 12 + 7919 * np.arange(25)        # ids with no vocabulary behind them
+
+
+def _dynamic_wide(dynamic: bool):
+    """A wide-and-deep whose ids go through ptf.keras.DynamicEmbedding, or (the reference) whose
+    one-hot ids over DYNAMIC_IDS go through a bias-free Dense layer whose rows start as the
+    table's initial rows of those ids: a dense gradient, summed per id as the table's push is
+    (a Keras Embedding's Adagrad squares each occurrence's gradient instead)."""
+    import keras
+    keras.utils.set_random_seed(11)
+    dense = keras.Input((3,), name="dense")
+    if dynamic:
+        ids = keras.Input((), dtype="int64", name="ids")
+        rows = ptf.keras.DynamicEmbedding(4, name="items")(ids)
+    else:
+        ids = keras.Input((len(DYNAMIC_IDS),), name="ids")
+        options = ptf.keras.DynamicEmbedding(4, name="items")._options
+        start = options.initializer.rows(tf.constant(DYNAMIC_IDS), 4, options.seed, tf.float32, standard_ops=True)
+        rows = keras.layers.Dense(4, use_bias=False, kernel_initializer=keras.initializers.Constant(start.numpy()),
+                                  name="items")(ids)
+    hidden = keras.layers.Dense(6, activation="relu", name="hidden")(keras.layers.Concatenate()([rows, dense]))
+    model = keras.Model([ids, dense], keras.layers.Dense(1, activation="sigmoid", name="out")(hidden))
+    model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def keras3_fit_dynamic(strategy, hooks):
+    """A Keras 3 wide-and-deep with a dynamic table through ptf.fit, against model.fit of the
+    reference (_dynamic_wide): Adagrad moves only the rows a batch reads, as the table's rule does,
+    and Keras' epsilon is below float32's resolution here. The table's rows, the dense weights,
+    History and predict are compared; rank 0 exports the model."""
+    rng = np.random.RandomState(12)
+    at = rng.randint(0, len(DYNAMIC_IDS), 60)
+    dense = rng.rand(60, 3).astype("float32")
+    y = ((at % 3 == 0) ^ (dense[:, 0] > 0.5)).astype("float32")
+    model, reference = _dynamic_wide(True), _dynamic_wide(False)
+    for name in ("hidden", "out"):
+        reference.get_layer(name).set_weights(model.get_layer(name).get_weights())
+    arguments = dict(batch_size=16, epochs=3, shuffle=False)
+    history = ptf.fit(model, {"ids": DYNAMIC_IDS[at], "dense": dense}, y, strategy=strategy, log_every=0, verbose=0,
+                      hooks=hooks, **arguments)
+    one_hot = np.eye(len(DYNAMIC_IDS), dtype="float32")[at]
+    want = reference.fit({"ids": one_hot, "dense": dense}, y, verbose=0, **arguments).history
+    state = model.get_layer("items").state
+    trained = reference.get_layer("items").get_weights()[0][np.searchsorted(DYNAMIC_IDS, state["ids"])]
+    served = {"ids": DYNAMIC_IDS[at][:8], "dense": dense[:8]}
+    extra = {"history": {k: list(map(float, v)) for k, v in history.history.items()},
+             "reference_history": {k: list(map(float, v)) for k, v in want.items()},
+             "predict": model.predict(served, verbose=0).ravel().tolist(),
+             "reference_predict": reference.predict({"ids": one_hot[:8], "dense": dense[:8]}, verbose=0).ravel().tolist()}
+    if ptf.rank() == 0:
+        export = os.path.join(os.environ["PTF_TF2_OUT"], f"dynamic_export.{strategy}")
+        model.export(export, verbose=False)
+        np.savez(export + ".npz", **served)
+    return Outcome([state["values"], *[w.numpy() for w in model.weights]],
+                   [trained, *[w.numpy() for w in reference.weights if "items" not in w.path]], [], [], extra)
+
+
+CASES = {"keras3_fit_dynamic": keras3_fit_dynamic, "guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
          "module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
          "module": module, "tf_keras_adagrad_split": tf_keras_adagrad_split, "legacy_ftrl_split": legacy_ftrl_split,
          "module_split": module_split, "keras3_wide_split": keras3_wide_split, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}

@@ -52,6 +52,7 @@ class DieOnce(ptf.runtime.hooks.Hook):
 
 
 def main(argv):
+    os.environ["PTF_TF2_OUT"] = FLAGS.out        # where a case writes files beside its outcome
     for run in FLAGS.runs:
         case, strategy = run.split(":")
         hooks = [DieOnce(os.path.join(FLAGS.out, "died_at"))] if FLAGS.die_at_step >= 0 else []
