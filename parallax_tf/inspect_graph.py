@@ -102,9 +102,10 @@ def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
                        built.initializers, evaluate, time_compute, process)
     with graph.as_default():
         measured = {measure.name: measure.measure(view) for measure in measures}
+        tables = dynamic.describe_tables(graph, training.applies)
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,
-                   sorted(training.model.metrics or {}), dynamic.describe_tables(graph, training.applies), inputs,
+                   sorted(training.model.metrics or {}), tables, inputs,
                    front_end.dialect, front_end.traced)
 
 

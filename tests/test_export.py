@@ -1,6 +1,7 @@
 """Serving export: a checkpoint and the model's forward graph become a SavedModel that plain
 TensorFlow (no parallax_tf) loads and whose predictions equal single-device TF's from the same
 checkpoint (1e-6)."""
+import json
 import os
 import re
 import runpy
@@ -292,3 +293,29 @@ def test_a_fit_model_is_served_through_keras_own_save():
     for key in ("tf2:click", "v1:click"):
         np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-6)
     assert want.std() > 1e-4
+
+
+@pytest.mark.parametrize("front_end", ["tf_keras", "keras3"])
+def test_a_fit_model_with_a_dynamic_table_is_served_through_keras_own_save(front_end):
+    """A model whose ids go through ptf.<keras>.DynamicEmbedding, trained by ptf.fit on 2 ranks:
+    Keras' own SavedModel of it (tf_keras' model.save, Keras 3's model.export, on rank 0 of
+    tests/test_fit's and tests/test_tf2's jobs) reads the table's trained rows with standard ops
+    and serves what the model predicted there."""
+    if front_end == "tf_keras":
+        from tests.test_fit import _job
+        saved = os.path.join(_job(2), "dynamic_wide.hybrid")
+        served = dict(np.load(saved + ".served.npz"))
+        want, export_dir = served.pop("predictions").ravel(), saved + ".saved"
+    else:
+        from tests.test_tf2 import _job
+        out = _job(2)
+        served = dict(np.load(os.path.join(out, "dynamic_export.hybrid.npz")))
+        want = json.loads(str(np.load(os.path.join(out, "keras3_fit_dynamic.hybrid.rank0.npz"))["extra"]))["predict"]
+        export_dir = os.path.join(out, "dynamic_export.hybrid")
+    got = _serve(export_dir, served)
+    assert list(got["imported"]) == [] and served["ids"].min() > 10 ** 12
+    outputs = sorted(k for k in got if k.startswith(("tf2:", "v1:")))
+    assert len(outputs) == 2, outputs
+    for key in outputs:
+        np.testing.assert_allclose(np.ravel(got[key]), want, rtol=0, atol=1e-6)
+

@@ -14,8 +14,8 @@ DEGENERATE_SLIM_DP = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
 # one job per rank count, each ptf.fit call a case on a strategy (tests/jobs/fit_job.py)
 RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "two_heads:hybrid", "mlp:allreduce", "mlp:auto",
             "mlp:slim_dp", "guide_mnist_mlp:hybrid", "guide_mnist_cnn:hybrid", "guide_imdb:hybrid",
-            "guide_structured:hybrid"],
-        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza"]}
+            "guide_structured:hybrid", "dynamic_wide:hybrid"],
+        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza", "dynamic_wide:auto"]}
 
 
 @functools.lru_cache(maxsize=None)

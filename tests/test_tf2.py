@@ -4,8 +4,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -70,24 +68,6 @@ def test_a_tf2_step_trains_as_on_one_device(ranks, run):
     if case == "keras3_metric":            # the metric's state over every rank, as on one device
         assert extra["count"] == pytest.approx(extra["reference_count"], rel=1e-6)
         assert extra["accuracy"] == pytest.approx(extra["reference_accuracy"], rel=1e-6)
-
-
-def test_a_keras3_model_with_a_dynamic_table_exports_a_saved_model_that_serves_without_parallax_tf():
-    """The SavedModel rank 0 exported after ptf.fit (above) loads in a process that never imports
-    parallax_tf and predicts what the trained model predicted."""
-    out = _job(2)
-    served = dict(np.load(os.path.join(out, "dynamic_export.hybrid.npz")))
-    want = json.loads(str(np.load(os.path.join(out, "keras3_fit_dynamic.hybrid.rank0.npz"))["extra"]))["predict"]
-    code = ("import sys, json, numpy as np, tensorflow as tf; "
-            f"model = tf.saved_model.load({os.path.join(out, 'dynamic_export.hybrid')!r}); "
-            f"x = {{k: tf.constant(v) for k, v in np.load({os.path.join(out, 'dynamic_export.hybrid.npz')!r}).items()}}; "
-            "assert not any(m.startswith('parallax_tf') for m in sys.modules); "
-            "print(json.dumps(model.serve([x['ids'], x['dense']]).numpy().ravel().tolist()))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(served["ids"]) == 8 and served["ids"].min() > 10 ** 12
-    np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), want, rtol=1e-6)
 
 
 def test_the_table_is_on_the_parameter_servers_under_hybrid():

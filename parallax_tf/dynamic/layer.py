@@ -78,8 +78,13 @@ class LayerBody:
                                           name=f"{self.name}_values"))
         return self._live
 
+    def served_variables(self) -> tuple:
+        """The variables of the live rows it reads outside the toolkit's graphs (none yet: ())."""
+        return self._live or ()
+
     def build(self, input_shape=None):
-        self._live_rows()
+        if tf.executing_eagerly():      # a layer built in a tf.compat.v1 graph reads that graph's table
+            self._live_rows()
         super().build(input_shape)
 
     def call(self, ids):

@@ -98,25 +98,36 @@ def _keras_rule(optimizer, in_graph: Callable) -> RowRule:
     if "LearningRateSchedule" in {base.__name__ for base in type(schedule).__mro__}:
         raise ModelError(f"a dynamic embedding table trains with a constant learning rate; {kind}'s is "
                          f"{type(schedule).__name__} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
+    if float(getattr(optimizer, "_initial_decay", 0.0) or 0.0):
+        raise ModelError(f"a dynamic embedding table trains with a constant learning rate; {kind} has decay="
+                         f"{optimizer._initial_decay} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
     lr = value(optimizer.learning_rate)
     if kind == "SGD":
-        momentum = float(value(getattr(optimizer, "momentum", 0.0)))
-        if momentum == 0.0:
+        momentum = value(getattr(optimizer, "momentum", 0.0))
+        if not getattr(optimizer, "_momentum", not isinstance(momentum, float) or momentum != 0.0):
             return RowRule("sgd", dict(learning_rate=lr), [])
         return RowRule("momentum", dict(learning_rate=lr, momentum=momentum,
                                         nesterov=bool(getattr(optimizer, "nesterov", False))), [("momentum", 0.0)])
     if kind == "Adagrad":
-        return RowRule("adagrad", dict(learning_rate=lr),
-                       [("accumulator", float(optimizer.initial_accumulator_value))])
+        return RowRule("adagrad", dict(learning_rate=lr), [("accumulator", float(_own(optimizer, "initial_accumulator_value")))])
     if kind == "Adam":
-        return RowRule("adam", dict(learning_rate=lr, beta1=float(value(optimizer.beta_1)),
-                                    beta2=float(value(optimizer.beta_2)), epsilon=float(optimizer.epsilon)),
-                       [("m", 0.0), ("v", 0.0)])
-    return RowRule("ftrl", dict(learning_rate=lr, learning_rate_power=float(optimizer.learning_rate_power),
-                                l1=float(optimizer.l1_regularization_strength),
-                                l2=float(optimizer.l2_regularization_strength), beta=float(optimizer.beta),
-                                l2_shrinkage=float(optimizer.l2_shrinkage_regularization_strength)),
-                   [("accum", float(optimizer.initial_accumulator_value)), ("linear", 0.0)])
+        return RowRule("adam", dict(learning_rate=lr, beta1=value(optimizer.beta_1), beta2=value(optimizer.beta_2),
+                                    epsilon=float(optimizer.epsilon)), [("m", 0.0), ("v", 0.0)])
+    power = value(optimizer.learning_rate_power)
+    if not isinstance(power, float):
+        raise ModelError(f"a dynamic embedding table reads {kind}'s learning_rate_power when the step is built, and "
+                         "this one holds it in a graph variable: give the table DynamicEmbedding(..., optimizer="
+                         "tf.compat.v1.train.FtrlOptimizer(...)) of its own")
+    return RowRule("ftrl", dict(learning_rate=lr, learning_rate_power=power,
+                                l1=value(optimizer.l1_regularization_strength),
+                                l2=value(optimizer.l2_regularization_strength), beta=value(optimizer.beta),
+                                l2_shrinkage=float(_own(optimizer, "l2_shrinkage_regularization_strength"))),
+                   [("accum", float(_own(optimizer, "initial_accumulator_value"))), ("linear", 0.0)])
+
+
+def _own(optimizer, name: str):
+    """An optimizer's setting by its public name (Keras 3), or its private one (tf_keras' legacy)."""
+    return getattr(optimizer, name) if hasattr(optimizer, name) else getattr(optimizer, "_" + name)
 
 
 def _keras_value(value, in_graph: Callable):

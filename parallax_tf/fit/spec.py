@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.compat import tf_keras as keras_shim
+from parallax_tf.dynamic import layer as dynamic_layer
 from parallax_tf.errors import ConfigError, ModelError
 
 
@@ -55,7 +56,17 @@ class KerasSpec:
             self.input_names = sorted(x) if isinstance(x, dict) else ["x"]
             if not self.model.built:
                 self.model(x if isinstance(x, dict) else np.asarray(x))
-        self.weights = [(weight_name(w), w.numpy()) for w in self.model.weights]
+        self.weights = [(weight_name(w), w.numpy()) for w in self._trained_weights()]
+
+    def _trained_weights(self) -> list:
+        """The eager model's weights the rebuilt one trains: not a dynamic layer's live rows,
+        whose table the toolkit's graph holds instead (set_weights hands them its state)."""
+        served = {id(v) for layer in self._dynamic_layers() for v in layer.served_variables()}
+        return [w for w in self.model.weights if id(w) not in served]
+
+    def _dynamic_layers(self) -> list:
+        return [layer for layer in self.model._flatten_layers(include_self=False)
+                if isinstance(layer, dynamic_layer.LayerBody)]
 
     def call_on(self, net, inputs: Dict[str, object]) -> list:
         """The rebuilt model's outputs: a cloned graph network's own, a subclassed one called on
@@ -88,6 +99,9 @@ class KerasSpec:
         with tf.variable_creator_scope(creator):
             net = self.builder() if self.builder is not None else tf_keras.models.clone_model(self.model)
             yield net
+        graph = tf.compat.v1.get_default_graph()
+        for layer in self._dynamic_layers():       # the table starts from the eager layer's state
+            dynamic_layer.bind(graph, layer.name, layer)
         self.graph_names = matched
         missing = [name for i, (name, _) in enumerate(self.weights) if i not in matched]
         if missing:
@@ -129,8 +143,13 @@ class KerasSpec:
 
     def set_weights(self, values: Dict[str, object]) -> None:
         """The eager model's weights from trained values keyed by single-device names."""
+        import tf_keras
         self.eager_classes()
-        self.model.set_weights([values[self.graph_names.get(i, name)] for i, (name, _) in enumerate(self.weights)])
+        tf_keras.backend.batch_set_value(
+            [(w, values[self.graph_names.get(i, name)]) for i, ((name, _), w) in enumerate(
+                zip(self.weights, self._trained_weights()))])
+        for layer in self._dynamic_layers():
+            layer.take(values)
 
     def eager_classes(self) -> None:
         """The eager model's classes back on tf_keras' v2 bases. tf_keras picks a Model's and a

@@ -13,7 +13,11 @@ cnn: Sequential convolutions under a dense head (stanza's split), 'sgd' with mom
 two_heads: functional, two outputs with a loss dict (a function and a string), loss_weights,
   a metric on one output, a new-Keras RMSprop on a decaying learning-rate schedule,
   TerminateOnNaN.
-guide_*: the Keras guides' scripts (tests/jobs/keras_guides.py)."""
+guide_*: the Keras guides' scripts (tests/jobs/keras_guides.py).
+dynamic_wide: functional, ids without a vocabulary through ptf.tf_keras.DynamicEmbedding, a
+  new-Keras Adagrad, validation_data; against fit of the same model whose one-hot ids go through
+  a bias-free Dense layer starting from the table's initial rows (a dense gradient, summed per
+  id as the table's push is); rank 0 saves a SavedModel."""
 import json
 import os
 import sys
@@ -192,10 +196,70 @@ def two_heads(strategy):
     return model, history, reference, want
 
 
+DYNAMIC_IDS = 10 ** 12 + 7919 * np.arange(25)        # ids with no vocabulary behind them
+
+
+def dynamic_wide_model(dynamic: bool):
+    tf_keras.utils.set_random_seed(3)
+    dense = tf_keras.Input(shape=(3,), name="dense")
+    if dynamic:
+        ids = tf_keras.Input(shape=(), name="ids", dtype="int64")
+        rows = ptf.tf_keras.DynamicEmbedding(4, name="items")(ids)
+    else:
+        ids = tf_keras.Input(shape=(len(DYNAMIC_IDS),), name="ids")
+        options = ptf.tf_keras.DynamicEmbedding(4, name="items")._options
+        start = options.initializer.rows(tf.constant(DYNAMIC_IDS), 4, options.seed, tf.float32, standard_ops=True)
+        rows = tf_keras.layers.Dense(4, use_bias=False, name="items",
+                                     kernel_initializer=tf_keras.initializers.Constant(start.numpy()))(ids)
+    h = tf_keras.layers.Dense(6, activation="relu", name="deep")(tf_keras.layers.Concatenate()([rows, dense]))
+    model = tf_keras.Model([ids, dense], tf_keras.layers.Dense(1, activation="sigmoid", name="click")(h))
+    model.compile(optimizer=tf_keras.optimizers.Adagrad(0.3), loss="binary_crossentropy",
+                  metrics=["binary_accuracy"])
+    return model
+
+
+class _Weights:
+    """What main compares: the table's rows (of the ids it holds, against the reference's rows of
+    them), then the dense weights."""
+    def __init__(self, weights):
+        self.weights = weights
+
+    def get_weights(self):
+        return self.weights
+
+
+def dynamic_wide(strategy):
+    rng = np.random.RandomState(4)
+    at = rng.randint(0, len(DYNAMIC_IDS), 80)
+    dense = rng.rand(80, 3).astype(np.float32)
+    y = ((at % 3 == 0) ^ (dense[:, 0] > 0.5)).astype(np.float32)
+    one_hot = np.eye(len(DYNAMIC_IDS), dtype=np.float32)[at]
+    model, reference = dynamic_wide_model(True), dynamic_wide_model(False)
+    for name in ("deep", "click"):
+        reference.get_layer(name).set_weights(model.get_layer(name).get_weights())
+    val = ({"ids": DYNAMIC_IDS[at[64:]], "dense": dense[64:]}, y[64:])
+    history = ptf.fit(model, {"ids": DYNAMIC_IDS[at[:64]], "dense": dense[:64]}, y[:64], batch_size=16, epochs=3,
+                      shuffle=False, validation_data=val, strategy=strategy, log_every=0, verbose=0)
+    want = reference.fit({"ids": one_hot[:64], "dense": dense[:64]}, y[:64], batch_size=16, epochs=3, shuffle=False,
+                         validation_data=({"ids": one_hot[64:], "dense": dense[64:]}, y[64:]), verbose=0).history
+    state = model.get_layer("items").state
+    if RANK == 0:     # Keras' own SavedModel of the trained model (tests/test_fit serves it)
+        out = os.path.join(FLAGS.out, f"dynamic_wide.{strategy}")
+        model.save(out + ".saved", save_format="tf")
+        np.savez(out + ".served.npz", ids=val[0]["ids"], dense=val[0]["dense"],
+                 predictions=model.predict(val[0], verbose=0))
+    kernel = reference.get_layer("items").get_weights()[0]
+    dense_of = ("deep", "click")
+    return (_Weights([state["values"], *[w for n in dense_of for w in model.get_layer(n).get_weights()]]), history,
+            _Weights([kernel[np.searchsorted(DYNAMIC_IDS, state["ids"])],
+                      *[w for n in dense_of for w in reference.get_layer(n).get_weights()]]), want)
+
+
 def main(argv):
     for run in FLAGS.runs:
         case, strategy = run.split(":")
         cases = {"mlp": mlp, "wide_deep": wide_deep, "subclassed": subclassed, "cnn": cnn, "two_heads": two_heads,
+                 "dynamic_wide": dynamic_wide,
                  **{f"guide_{name}": run for name, run in keras_guides.CASES.items()}}
         model, history, reference, want = cases[case](strategy)
         assert (history.rank, history.size) == (RANK, int(os.environ["HOROVOD_SIZE"]))
