@@ -23,8 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf.dynamic import ids as id_lib
+from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic import table as table_lib
 from parallax_tf.dynamic.served import read_live
+from parallax_tf.errors import ModelError
 
 STAND_IN = "parallax_dynamic_rows"
 _TRACING: List[list] = []           # while the TF2 front end traces a step: the lookups it records
@@ -58,6 +60,8 @@ class LayerBody:
                  capacity=None, optimizer=None, seed=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.output_dim = int(output_dim)
+        if isinstance(initializer, dict):       # from get_config
+            initializer = law_from_config(initializer)
         self.table_options = dict(initializer=initializer, admit_after=admit_after,
                                   evict_after_steps=evict_after_steps, capacity=capacity, optimizer=optimizer,
                                   seed=seed)
@@ -116,9 +120,12 @@ class LayerBody:
         return tuple(input_shape) + (self.output_dim,)
 
     def get_config(self):
+        """Keras' config: the table's options, its initial law and seed as resolved (a table's own
+        optimizer object is not kept: a layer made from the config trains with the model's)."""
         config = super().get_config()
         config.update(output_dim=self.output_dim, **{k: v for k, v in self.table_options.items()
-                                                    if k not in ("initializer", "optimizer")})
+                                                    if k not in ("initializer", "optimizer", "seed")},
+                      initializer=law_config(self._options.initializer), seed=self._options.seed)
         return config
 
     def take(self, arrays: Dict[str, np.ndarray]) -> None:
@@ -138,6 +145,22 @@ class LayerBody:
 
     def load_own_variables(self, store):
         self.take({f"{self.name}/{key}": store[key] for key in store.keys()})
+
+
+def law_config(law: id_lib.RowInitializer) -> dict:
+    """A row law as plain data: its class and its fields."""
+    return {"law": type(law).__name__, **vars(law)}
+
+
+def law_from_config(config: dict) -> id_lib.RowInitializer:
+    fields = dict(config)
+    kind = fields.pop("law")
+    cls = getattr(id_lib, kind, None) or getattr(initializers, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, id_lib.RowInitializer)):
+        raise ModelError(f"DynamicEmbedding's config names an unknown row law {kind!r}")
+    law = cls.__new__(cls)
+    law.__dict__.update(fields)
+    return law
 
 
 def layer_class(base, module: str):
