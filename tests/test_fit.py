@@ -137,10 +137,13 @@ def test_a_resumed_or_restarted_fit_ends_as_an_uninterrupted_one():
         np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-def test_the_keras_recommendation_model_learns_under_fit():
+@pytest.mark.parametrize("form", ["embedding", "dynamic"])
+def test_the_keras_recommendation_model_learns_under_fit(form):
+    """models/keras_recsys.py learns on 2 ranks, with Keras Embedding tables and with its user and
+    item ids (spread over the int64 range) in dynamic tables."""
     proc = launch.run_ranks(1, ["-m", "models.keras_recsys", "--np=2", "--krec_epochs=2", "--krec_rows=4000",
-                                "--krec_users=3000", "--krec_items=500", "--krec_batch=128", "--log_every=0"],
-                            launcher="python", timeout=300)
+                                "--krec_users=3000", "--krec_items=500", "--krec_batch=128", "--log_every=0",
+                                f"--krec_dynamic={form == 'dynamic'}"], launcher="python", timeout=300)
     assert proc.returncode == 0, launch.tail(proc)
     epochs = [line.split() for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     val_auc = [float(words[words.index("val_auc") + 1]) for words in epochs]
