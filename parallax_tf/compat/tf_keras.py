@@ -43,6 +43,12 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tf_keras.optimizers.legacy.Optimizer()", "_weights", "the same"),
     ("tf_keras.optimizers.legacy.Optimizer()", "_iterations", "the same"),
     ("tf_keras.optimizers.legacy.Optimizer()", "_deferred_slot_restorations", "the same"),
+    ("tf_keras.optimizers.legacy.Optimizer()", "_initial_decay",
+     "a legacy optimizer's settings outside its hyper-parameters: a dynamic table's row rule (dynamic/rules.py)"),
+    ("tf_keras.optimizers.legacy.Optimizer()", "_momentum", "the same"),
+    ("tf_keras.optimizers.legacy.Ftrl()", "_initial_accumulator_value", "the same"),
+    ("tf_keras.optimizers.legacy.Ftrl()", "_l2_shrinkage_regularization_strength", "the same"),
+    ("tf_keras.Model", "_flatten_layers", "a fit model's dynamic layers (fit/spec.py)"),
 ]
 
 
@@ -54,7 +60,8 @@ def _samples() -> dict:
         model.compile("sgd", "mse")
         return model
     return {"tf_keras.Model()": compiled_model,
-            "tf_keras.optimizers.legacy.Optimizer()": tf_keras.optimizers.legacy.SGD}
+            "tf_keras.optimizers.legacy.Optimizer()": tf_keras.optimizers.legacy.SGD,
+            "tf_keras.optimizers.legacy.Ftrl()": tf_keras.optimizers.legacy.Ftrl}
 
 
 def missing() -> List[str]:
@@ -80,6 +87,27 @@ def new_optimizer_class():
     except ImportError:
         return None
     return optimizer.Optimizer
+
+
+LEGACY_SETTINGS = {"decay": "_initial_decay", "momentum": "_momentum",
+                   "initial_accumulator_value": "_initial_accumulator_value",
+                   "l2_shrinkage_regularization_strength": "_l2_shrinkage_regularization_strength"}
+
+
+def legacy_optimizer_settings(optimizer) -> dict:
+    """A legacy tf_keras optimizer's settings kept beside its hyper-parameters, by their public
+    names: decay, whether SGD has momentum (a bool), Adagrad's and Ftrl's initial accumulator,
+    Ftrl's L2 shrinkage (those it has); {} for any other optimizer."""
+    legacy = legacy_optimizer_class()
+    if legacy is None or not isinstance(optimizer, legacy):
+        return {}
+    return {name: getattr(optimizer, private) for name, private in LEGACY_SETTINGS.items()
+            if hasattr(optimizer, private)}
+
+
+def layers_of(model) -> list:
+    """Every layer of a tf_keras model, nested ones too."""
+    return list(model._flatten_layers(include_self=False))
 
 
 def to_legacy_optimizer(optimizer):

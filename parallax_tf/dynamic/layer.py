@@ -34,6 +34,12 @@ _TRACING: List[list] = []           # while the TF2 front end traces a step: the
 _LAYER_OF: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, object]]" = weakref.WeakKeyDictionary()
 
 
+class LayerError(ModelError):
+    """A ModelError raised in the layer's call. Keras 3 rewrites an error raised in a call into a
+    message of several lines with the call's arguments, unless the error says it has them already."""
+    _keras_call_info_injected = True
+
+
 @dataclasses.dataclass(eq=False)
 class TracedLookup:
     """One call of a layer in a traced step: its flat int64 ids and the rows' stand-in."""
@@ -91,7 +97,7 @@ class LayerBody:
             self._live_rows()
         super().build(input_shape)
 
-    def call(self, ids):
+    def call(self, ids, training=None):
         ids = id_lib.as_int64(ids)
         flat = tf.reshape(ids, [-1])
         graph = tf.compat.v1.get_default_graph()
@@ -102,6 +108,10 @@ class LayerBody:
         elif not tf.executing_eagerly() and not getattr(graph, "building_function", False):
             rows = self.graph_table().lookup(flat)
         else:
+            if training:
+                raise LayerError(f"DynamicEmbedding {self.name!r} is called to train outside parallax_tf, which "
+                                 "would not train it: train the model with ptf.fit (or the step with ptf.run), in "
+                                 "one process too; predict and evaluate read the trained rows")
             ids_var, values_var = self._live_rows()
             rows = read_live(ids_var, values_var, self._options, flat)
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.output_dim]], 0))

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.compat import tf_keras as tf_keras_shim
 from parallax_tf.errors import ModelError
 
 SUPPORTED = ("GradientDescentOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "FtrlOptimizer")
@@ -94,22 +95,23 @@ def _keras_rule(optimizer, in_graph: Callable) -> RowRule:
         raise ModelError(f"a dynamic embedding table cannot train with Keras' {kind}"
                          f"{' (amsgrad)' if getattr(optimizer, 'amsgrad', False) else ''}: its rows train with "
                          f"{', '.join(KERAS_SUPPORTED)} (pass one to compile, or DynamicEmbedding(..., optimizer=...))")
-    schedule = getattr(optimizer, "_learning_rate", None)
-    if "LearningRateSchedule" in {base.__name__ for base in type(schedule).__mro__}:
-        raise ModelError(f"a dynamic embedding table trains with a constant learning rate; {kind}'s is "
-                         f"{type(schedule).__name__} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
-    if float(getattr(optimizer, "_initial_decay", 0.0) or 0.0):
+    settings = tf_keras_shim.legacy_optimizer_settings(optimizer)     # {} for Keras 3's
+
+    def setting(name: str):
+        return settings[name] if name in settings else getattr(optimizer, name)
+    if float(settings.get("decay", 0.0)):
         raise ModelError(f"a dynamic embedding table trains with a constant learning rate; {kind} has decay="
-                         f"{optimizer._initial_decay} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
-    lr = value(optimizer.learning_rate)
+                         f"{settings['decay']} (give the table DynamicEmbedding(..., optimizer=...) of its own)")
+    lr = value(_constant_rate(optimizer, kind))
     if kind == "SGD":
-        momentum = value(getattr(optimizer, "momentum", 0.0))
-        if not getattr(optimizer, "_momentum", not isinstance(momentum, float) or momentum != 0.0):
+        momentum = value(optimizer.momentum)
+        if settings.get("momentum") is False or isinstance(momentum, float) and momentum == 0.0:
             return RowRule("sgd", dict(learning_rate=lr), [])
         return RowRule("momentum", dict(learning_rate=lr, momentum=momentum,
                                         nesterov=bool(getattr(optimizer, "nesterov", False))), [("momentum", 0.0)])
     if kind == "Adagrad":
-        return RowRule("adagrad", dict(learning_rate=lr), [("accumulator", float(_own(optimizer, "initial_accumulator_value")))])
+        return RowRule("adagrad", dict(learning_rate=lr),
+                       [("accumulator", float(setting("initial_accumulator_value")))])
     if kind == "Adam":
         return RowRule("adam", dict(learning_rate=lr, beta1=value(optimizer.beta_1), beta2=value(optimizer.beta_2),
                                     epsilon=float(optimizer.epsilon)), [("m", 0.0), ("v", 0.0)])
@@ -121,13 +123,22 @@ def _keras_rule(optimizer, in_graph: Callable) -> RowRule:
     return RowRule("ftrl", dict(learning_rate=lr, learning_rate_power=power,
                                 l1=value(optimizer.l1_regularization_strength),
                                 l2=value(optimizer.l2_regularization_strength), beta=value(optimizer.beta),
-                                l2_shrinkage=float(_own(optimizer, "l2_shrinkage_regularization_strength"))),
-                   [("accum", float(_own(optimizer, "initial_accumulator_value"))), ("linear", 0.0)])
+                                l2_shrinkage=float(setting("l2_shrinkage_regularization_strength"))),
+                   [("accum", float(setting("initial_accumulator_value"))), ("linear", 0.0)])
 
 
-def _own(optimizer, name: str):
-    """An optimizer's setting by its public name (Keras 3), or its private one (tf_keras' legacy)."""
-    return getattr(optimizer, name) if hasattr(optimizer, name) else getattr(optimizer, "_" + name)
+def _constant_rate(optimizer, kind: str):
+    """The optimizer's learning rate: a number or the variable holding it; a schedule is refused
+    (Keras 3 computes it from the step count, a legacy tf_keras optimizer holds the schedule)."""
+    try:
+        rate = optimizer.learning_rate
+    except (TypeError, ValueError, RuntimeError):
+        rate = None
+    inner = getattr(rate, "value", None)
+    if isinstance(rate, (int, float, tf.Variable)) or isinstance(inner, tf.Variable):
+        return rate
+    raise ModelError(f"a dynamic embedding table trains with a constant learning rate, and {kind}'s follows a "
+                     "schedule: give the table DynamicEmbedding(..., optimizer=...) of its own")
 
 
 def _keras_value(value, in_graph: Callable):

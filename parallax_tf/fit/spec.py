@@ -65,8 +65,7 @@ class KerasSpec:
         return [w for w in self.model.weights if id(w) not in served]
 
     def _dynamic_layers(self) -> list:
-        return [layer for layer in self.model._flatten_layers(include_self=False)
-                if isinstance(layer, dynamic_layer.LayerBody)]
+        return [layer for layer in keras_shim.layers_of(self.model) if isinstance(layer, dynamic_layer.LayerBody)]
 
     def call_on(self, net, inputs: Dict[str, object]) -> list:
         """The rebuilt model's outputs: a cloned graph network's own, a subclassed one called on
