@@ -67,7 +67,8 @@ def test_keras_optimizers_give_their_tf1_twins_row_rules():
     assert adagrad.kind == "adagrad" and adagrad.slots == [("accumulator", pytest.approx(0.3))]
     adam = rule_for(tf_keras.optimizers.legacy.Adam(0.01, beta_1=0.8))
     assert adam.kind == "adam" and adam.hyper["beta1"] == pytest.approx(0.8)
-    ftrl = rule_for(keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01, l2_shrinkage_regularization_strength=0.2))
+    ftrl = rule_for(keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01,
+                                          l2_shrinkage_regularization_strength=0.2))
     assert ftrl.kind == "ftrl" and ftrl.hyper["l2_shrinkage"] == pytest.approx(0.2)
 
 

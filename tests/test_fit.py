@@ -15,7 +15,8 @@ DEGENERATE_SLIM_DP = ["--slim_core=1", "--slim_explore=0", "--slim_period=1"]
 RUNS = {2: ["mlp:hybrid", "wide_deep:hybrid", "subclassed:hybrid", "two_heads:hybrid", "mlp:allreduce", "mlp:auto",
             "mlp:slim_dp", "guide_mnist_mlp:hybrid", "guide_mnist_cnn:hybrid", "guide_imdb:hybrid",
             "guide_structured:hybrid", "dynamic_wide:hybrid"],
-        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza", "dynamic_wide:auto"]}
+        3: ["wide_deep:allreduce", "mlp:ps", "subclassed:hybrid", "cnn:stanza", "wide_deep:stanza",
+            "dynamic_wide:auto"]}
 
 
 @functools.lru_cache(maxsize=None)

@@ -187,7 +187,7 @@ def _two_rank_step_arrays(fused: bool, optimizer: str, pushes):
         ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
         payloads = [tf.compat.v1.placeholder(tf.float32, [None, DIM + 1]) for _ in range(2)]
         if fused:
-            steps = [compiled.push([shard], [i], tf.reshape(p, [-1]), rank, 2)
+            steps = [compiled.push([shard], compiled.message([i]), tf.reshape(p, [-1]), rank, 2)
                      for rank, (i, p) in enumerate(zip(ids, payloads))]
             steps.append(compiled.boundary_many([shard], [rule], 2))
         else:
@@ -226,7 +226,8 @@ def test_a_boundary_whose_pushes_never_all_come_ends_at_the_steps_deadline():
     with graph.as_default():
         shard = CompiledShard("t", 0, None, TableOptions(dim=2, dtype=tf.float32, initializer=id_lib.uniform(),
                                                          seed=1, admit_after=1, evict_after_steps=None))
-        pushed = compiled.push([shard], [tf.constant([3], tf.int64)], tf.constant([0.1, 0.2, 1.0]), 0, 2)
+        pushed = compiled.push([shard], compiled.message([tf.constant([3], tf.int64)]), tf.constant([0.1, 0.2, 1.0]),
+                               0, 2)
         boundary = compiled.boundary_many([shard], [rule_for(OPTIMIZERS["sgd"]())], 2)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(pushed)

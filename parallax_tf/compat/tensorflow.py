@@ -15,6 +15,8 @@ from parallax_tf.compat import pins
 
 # (where it lives, name, what the toolkit uses it for); a `where` ending in "()" is an instance
 PINNED: List[Tuple[str, str, str]] = [
+    ("tensorflow.python.eager.record", "could_possibly_record",
+     "a dynamic layer called to train under a GradientTape outside the toolkit (dynamic/layer.py)"),
     ("tensorflow.python.ops.gradients_util", "_GradientsHelper",
      "every gradient call of model_fn, recorded by swapping it (training_graph.py)"),
     ("tensorflow.python.client.pywrap_tf_session", "TF_GraphRemoveFunction",
@@ -138,6 +140,12 @@ def add_control_inputs(op, ops: Sequence) -> None:
 
 def remove_all_control_inputs(op) -> None:
     op._remove_all_control_inputs()
+
+
+def gradient_tape_recording() -> bool:
+    """Whether a GradientTape records the ops made now."""
+    from tensorflow.python.eager import record
+    return record.could_possibly_record()
 
 
 def update_input(op, index: int, tensor) -> None:

@@ -145,12 +145,18 @@ def _pushes_name(device) -> str:
     return f"parallax_kv_pushes/{device or 'local'}"
 
 
-def push(shards: List[CompiledShard], ids: List[tf.Tensor], payload, rank: int, ranks: int) -> tf.Operation:
+def message(ids: List[tf.Tensor]) -> tf.Tensor:
+    """read_many's and push's message of several id vectors: their counts, then the ids."""
+    return tf.concat([tf.stack([tf.size(part, out_type=tf.int64) for part in ids])] + list(ids), 0)
+
+
+def push(shards: List[CompiledShard], ids_message, payload, rank: int, ranks: int) -> tf.Operation:
     """One op on the shards' server storing this rank's push of the step: per shard, its
-    distinct ids; `payload` their [ids, dim + 1] rows (gradient, occurrences), flattened shard
-    after shard. boundary_many takes every rank's."""
+    distinct ids (`ids_message`: as read_many's message, shards[k]'s ids k-th); `payload` their
+    [ids, dim + 1] rows (gradient, occurrences), flattened shard after shard. boundary_many takes
+    every rank's."""
     return compiled_ops.load().parallax_kv_push(
-        ids, payload, dims=[shard.options.dim for shard in shards], pushes=_pushes_name(shards[0].device),
+        ids_message, payload, dims=[shard.options.dim for shard in shards], pushes=_pushes_name(shards[0].device),
         rank=rank, ranks=ranks)
 
 

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic import initializers
 from parallax_tf.dynamic import table as table_lib
@@ -108,7 +109,7 @@ class LayerBody:
         elif not tf.executing_eagerly() and not getattr(graph, "building_function", False):
             rows = self.graph_table().lookup(flat)
         else:
-            if training:
+            if training and tf_shim.gradient_tape_recording():     # a training step, not a save's trace
                 raise LayerError(f"DynamicEmbedding {self.name!r} is called to train outside parallax_tf, which "
                                  "would not train it: train the model with ptf.fit (or the step with ptf.run), in "
                                  "one process too; predict and evaluate read the trained rows")

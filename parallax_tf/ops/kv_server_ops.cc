@@ -57,22 +57,13 @@ class KvReadManyOp : public OpKernel {
     const Tensor& message = ctx->input(0);
     const Tensor& law_values = ctx->input(1);
     const int64_t reads = static_cast<int64_t>(names_.size());
-    OP_REQUIRES_OK(ctx, CheckIds(message, "ParallaxKvReadMany"));
-    OP_REQUIRES(ctx, message.NumElements() >= reads,
-                Invalid("ParallaxKvReadMany: the message holds ", message.NumElements(), " values for ", reads,
-                        " reads' counts"));
+    std::vector<int64_t> begin, count;
+    OP_REQUIRES_OK(ctx, ParseMessage(message, reads, "ParallaxKvReadMany", &begin, &count));
     OP_REQUIRES_OK(ctx, CheckRows(law_values, reads, 2, "ParallaxKvReadMany", "law values"));
     const int64_t* counts = message.flat<int64_t>().data();
     const double* law = law_values.flat<double>().data();
-    int64_t ids_total = 0, floats = 0;
-    for (int64_t k = 0; k < reads; ++k) {
-      OP_REQUIRES(ctx, counts[k] >= 0, Invalid("ParallaxKvReadMany: read ", k, " counts ", counts[k], " ids"));
-      ids_total += counts[k];
-      floats += counts[k] * dims_[k];
-    }
-    OP_REQUIRES(ctx, ids_total == message.NumElements() - reads,
-                Invalid("ParallaxKvReadMany: the counts add up to ", ids_total, " ids; the message holds ",
-                        message.NumElements() - reads));
+    int64_t floats = 0;
+    for (int64_t k = 0; k < reads; ++k) floats += counts[k] * dims_[k];
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({floats}), &out));
     const int64_t* id = counts + reads;

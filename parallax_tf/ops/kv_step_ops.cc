@@ -32,16 +32,19 @@ using ::tensorflow::AsyncOpKernel;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::OpInputList;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
-// One rank's push: per shard, its ids, and the payload of [ids, dim + 1] rows, shard after shard.
+// One rank's push: per shard, its ids (a message: kv_server.h's ParseMessage), and the payload
+// of [ids, dim + 1] rows, shard after shard.
 struct Push {
-  std::vector<Tensor> ids;
+  Tensor message;
+  std::vector<int64_t> begin, count;
   Tensor payload;
   bool given = false;
+
+  const int64_t* ids(size_t k) const { return message.flat<int64_t>().data() + begin[k]; }
 };
 
 // This step's pushes to one server, by rank, until the boundary takes them all.
@@ -136,18 +139,13 @@ class KvPushOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    OpInputList ids;
-    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-    const Tensor& payload = ctx->input(ids.size());
-    OP_REQUIRES(ctx, ids.size() == static_cast<int>(dims_.size()),
-                Invalid("ParallaxKvPush: ", ids.size(), " id vectors for ", dims_.size(), " shards"));
-    int64_t floats = 0;
     Push push;
-    for (int k = 0; k < ids.size(); ++k) {
-      OP_REQUIRES_OK(ctx, CheckIds(ids[k], "ParallaxKvPush"));
-      floats += ids[k].NumElements() * (dims_[k] + 1);
-      push.ids.push_back(ids[k]);
-    }
+    push.message = ctx->input(0);
+    const Tensor& payload = ctx->input(1);
+    OP_REQUIRES_OK(ctx, ParseMessage(push.message, static_cast<int64_t>(dims_.size()), "ParallaxKvPush", &push.begin,
+                                     &push.count));
+    int64_t floats = 0;
+    for (size_t k = 0; k < dims_.size(); ++k) floats += push.count[k] * (dims_[k] + 1);
     OP_REQUIRES(ctx, payload.dims() == 1 && payload.NumElements() == floats,
                 Invalid("ParallaxKvPush: the payload holds ", payload.NumElements(), " floats; the ids ask for ",
                         floats));
@@ -175,10 +173,9 @@ Summed SumPushes(const std::vector<Push>& pushes, const std::vector<int64_t>& of
   std::vector<float> sums;
   absl::flat_hash_map<int64_t, int64_t> where;
   for (size_t r = 0; r < pushes.size(); ++r) {
-    const Tensor& ids = pushes[r].ids[k];
-    const int64_t* id = ids.flat<int64_t>().data();
+    const int64_t* id = pushes[r].ids(k);
     const float* row = pushes[r].payload.flat<float>().data() + offsets[r];
-    for (int64_t i = 0; i < ids.NumElements(); ++i, row += dim + 1) {
+    for (int64_t i = 0; i < pushes[r].count[k]; ++i, row += dim + 1) {
       auto [at, fresh] = where.try_emplace(id[i], static_cast<int64_t>(out.ids.size()));
       if (fresh) {
         out.ids.push_back(id[i]);
@@ -278,10 +275,10 @@ class KvBoundaryManyOp : public AsyncOpKernel {
   absl::Status Apply(OpKernelContext* ctx, const std::vector<Push>& all, const Tensor& hyper,
                      const Tensor& law_values) const {
     for (const Push& push : all) {
-      if (push.ids.size() != names_.size())
-        return Invalid("ParallaxKvBoundaryMany: a push holds ", push.ids.size(), " shards' ids for ", names_.size());
+      if (push.count.size() != names_.size())
+        return Invalid("ParallaxKvBoundaryMany: a push holds ", push.count.size(), " shards' ids for ", names_.size());
       int64_t floats = 0;
-      for (size_t k = 0; k < names_.size(); ++k) floats += push.ids[k].NumElements() * (dims_[k] + 1);
+      for (size_t k = 0; k < names_.size(); ++k) floats += push.count[k] * (dims_[k] + 1);
       if (floats != push.payload.NumElements())
         return Invalid("ParallaxKvBoundaryMany: a push's payload holds ", push.payload.NumElements(),
                        " floats; its ids and the shards' dims ask for ", floats);
@@ -293,7 +290,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     for (size_t k = 0; k < names_.size(); ++k) {
       const int64_t dim = dims_[k];
       Summed summed = SumPushes(all, offsets, static_cast<int>(k), dim);
-      for (size_t r = 0; r < all.size(); ++r) offsets[r] += all[r].ids[k].NumElements() * (dim + 1);
+      for (size_t r = 0; r < all.size(); ++r) offsets[r] += all[r].count[k] * (dim + 1);
       Boundary b = boundaries_[k];
       b.rule.hyper.assign(h, h + HyperCount(b.rule.kind));
       h += HyperCount(b.rule.kind);
@@ -355,17 +352,17 @@ class KvCountersManyOp : public OpKernel {
 }  // namespace
 
 REGISTER_OP("ParallaxKvPush")
-    .Input("ids: shards * int64")
+    .Input("message: int64")
     .Input("payload: float")
-    .Attr("shards: int >= 1")
-    .Attr("dims: list(int)")
+    .Attr("dims: list(int) >= 1")
     .Attr("pushes: string")
     .Attr("rank: int >= 0")
     .Attr("ranks: int >= 1")
     .Attr("container: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
-    .Doc("Stores one rank's push of this step (per shard: ids; their gradient rows and occurrences).");
+    .Doc("Stores one rank's push of this step: a message of each shard's id count, then their ids (as "
+         "ParallaxKvReadMany's); the payload of their gradient rows and occurrences, shard after shard.");
 
 REGISTER_OP("ParallaxKvBoundaryMany")
     .Input("hyper: float")

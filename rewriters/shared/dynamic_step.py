@@ -40,7 +40,9 @@ class DynamicTablesStep:
         self.counters: Dict[str, tf.Tensor] = {}
         self.lower_bound: list = []
         found = table_lib.lookups(rebuilt.loss.graph)
-        moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes)
+        self.messages: Dict[str, tuple] = {}            # server -> (the reads' message, the shards it reads)
+        moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes,
+                            self.messages)
         if found:
             self._build(rebuilt, found, moved)
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
@@ -79,6 +81,7 @@ class DynamicTablesStep:
         for item in sent:
             by_device.setdefault(item[0].device, []).append(item)
         for device, items in sorted(by_device.items(), key=lambda kv: str(kv[0])):
+            items = self._in_message_order(device, items)
             with tf.control_dependencies([op for item in items for op in item[3]]):
                 flat = tf.concat([tf.reshape(item[2], [-1]) for item in items], 0)
             if self.topo.crosses_processes(device):
@@ -88,8 +91,8 @@ class DynamicTablesStep:
             with tf.device(device):
                 if compiled.fusable(shards) and len({id(shard) for shard in shards}) == len(shards):
                     self.fused[device] = shards
-                    self.push_on[device] = compiled.push(shards, [item[1] for item in items], flat, self.topo.rank,
-                                                         self.topo.size)
+                    self.push_on[device] = compiled.push(shards, self._ids_message(device, items), flat,
+                                                         self.topo.rank, self.topo.size)
                 else:
                     widths = [int(item[2].shape[1]) for item in items]
                     sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
@@ -98,6 +101,23 @@ class DynamicTablesStep:
                         _push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
                         for item, piece, width in zip(items, pieces, widths)])
                 self.pushes.append(self.push_on[device])
+
+    def _in_message_order(self, device, items) -> list:
+        """`items` in the order of the server's read message when they push onto its ids alone."""
+        read_shards = self.messages.get(device, (None, []))[1]
+        at = {id(shard): k for k, shard in enumerate(read_shards)}
+        if any(item[4] for item in items) or sorted(at.get(id(item[0]), -1) for item in items) != list(range(len(at))):
+            return items
+        return sorted(items, key=lambda item: at[id(item[0])])
+
+    def _ids_message(self, device, items) -> tf.Tensor:
+        """The push's message of ids on the server: the reads' own when the push is onto exactly
+        those ids in that order (nothing more crosses), else one made there."""
+        sent, read_shards = self.messages.get(device, (None, []))
+        if sent is not None and [id(s) for s in read_shards] == [id(item[0]) for item in items] and \
+                not any(item[4] for item in items):
+            return sent
+        return compiled.message([item[1] for item in items])
 
     def _boundaries(self, found, model_optimizer) -> None:
         """Rank 0: every shard takes every rank's push and ends the step (one compiled op per
@@ -161,9 +181,10 @@ class DynamicTablesStep:
         return self.pushes + [token.op]
 
 
-def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
+def _pack_reads(reads: List["table_lib.ShardRead"], remote, messages: Dict[str, tuple]) -> list:
     """Rewires the reads of each server (and dtype) into one message of ids and one of rows;
-    sets every read's ids_on_server. Returns the bytes that cross, per message."""
+    sets every read's ids_on_server and, per server whose reads are fused, `messages` (the
+    message, the shards it reads in order). Returns the bytes that cross, per message."""
     by_device: Dict[tuple, list] = {}
     for read in reads:
         read.ids_on_server = read.ids
@@ -178,6 +199,7 @@ def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
                 shards = [read.shard for read in group]
                 if compiled.fusable(shards):        # one op for the whole message
                     packed = compiled.read_many(shards, sent)
+                    messages[device] = (sent, shards)
                 else:
                     packed = tf.concat([tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)], 0)
             widths = tf.constant([read.shard.options.dim for read in group], tf.int64)

@@ -417,7 +417,8 @@ def keras3_fit_dynamic(strategy, hooks):
     extra = {"history": {k: list(map(float, v)) for k, v in history.history.items()},
              "reference_history": {k: list(map(float, v)) for k, v in want.items()},
              "predict": model.predict(served, verbose=0).ravel().tolist(),
-             "reference_predict": reference.predict({"ids": one_hot[:8], "dense": dense[:8]}, verbose=0).ravel().tolist()}
+             "reference_predict": reference.predict({"ids": one_hot[:8], "dense": dense[:8]},
+                                                    verbose=0).ravel().tolist()}
     if ptf.rank() == 0:
         export = os.path.join(os.environ["PTF_TF2_OUT"], f"dynamic_export.{strategy}")
         model.export(export, verbose=False)
@@ -426,7 +427,8 @@ def keras3_fit_dynamic(strategy, hooks):
                    [trained, *[w.numpy() for w in reference.weights if "items" not in w.path]], [], [], extra)
 
 
-CASES = {"keras3_fit_dynamic": keras3_fit_dynamic, "guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
+CASES = {"keras3_fit_dynamic": keras3_fit_dynamic,
+         "guide_training_loop": guide_training_loop, "structured_fit": structured_fit,
          "module_shard_reading": module_shard_reading, "keras3_wide": keras3_wide, "keras3_metric": keras3_metric, "tf_keras_adagrad": tf_keras_adagrad,
          "module": module, "tf_keras_adagrad_split": tf_keras_adagrad_split, "legacy_ftrl_split": legacy_ftrl_split,
          "module_split": module_split, "keras3_wide_split": keras3_wide_split, "keras3_fit_mlp": keras3_fit_mlp, "keras3_fit_wide": keras3_fit_wide}
