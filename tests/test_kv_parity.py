@@ -54,7 +54,7 @@ def _run(shard_class, optimizer: str, admit_after: int, evict_after):
                 seen.append(sess.run(read, {ids: np.arange(14, dtype=np.int64)}))
                 sess.run(boundary, feed)
             seen.append(sess.run(read, {ids: np.arange(14, dtype=np.int64)}))
-            arrays = sess.run(exported)
+            arrays = shard.unpack(sess.run(exported))
     return seen, _by_id(arrays, [s for s, _ in rule.slots])
 
 
@@ -200,7 +200,7 @@ def _two_rank_step_arrays(fused: bool, optimizer: str, pushes):
                 feed = {**dict(zip(ids, [ids_ for ids_, _ in step])), **dict(zip(payloads, [p for _, p in step]))}
                 for op in steps:        # the ranks' pushes, then the boundary
                     sess.run(op, feed)
-            return _by_id(sess.run(exported), [s for s, _ in rule.slots])
+            return _by_id(shard.unpack(sess.run(exported)), [s for s, _ in rule.slots])
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "ftrl", "adam"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from parallax_tf import ops as compiled_ops
@@ -102,26 +103,32 @@ class CompiledShard:
 
     # ---- whole contents (checkpoints, results) ----------------------------------------------------
     def export(self) -> Dict[str, tf.Tensor]:
-        """Live rows (ids, values, slots aligned with them) and every tracked id's counters."""
+        """Live rows (ids, values, the slots stacked as `slot_values`) and every tracked id's
+        counters, in one op; `unpack` gives the fetched arrays store.Shard.export's keys."""
         with tf.device(self.device):
             ids, values, slot_values, seen, counts, last_seen, _, clock = self._ops.parallax_kv_export(
                 self.handle, slots=len(self.slots))
-            values.set_shape([None, self.options.dim])
-            out = dict(ids=ids, values=values, seen_ids=seen, counts=counts, last_seen=last_seen, clock=clock)
-            for k, slot in enumerate(self.slots):
-                out[slot] = tf.reshape(slot_values[k], [-1, self.options.dim])
-            return out
+            return dict(ids=ids, values=values, slot_values=slot_values, seen_ids=seen, counts=counts,
+                        last_seen=last_seen, clock=clock)
 
-    def load(self, parts: Dict[str, tf.Tensor]) -> tf.Operation:
-        """Replaces the shard's contents with `parts` (export's keys, this shard's ids only, and
-        "live": 1 for each of seen_ids that has a row; the clock as it was saved)."""
-        dim = self.options.dim
+    def unpack(self, fetched: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """export's fetched arrays with each slot under its own name, [rows, dim]."""
+        out = dict(fetched)
+        stacked = out.pop("slot_values")
+        for k, slot in enumerate(self.slots):
+            out[slot] = np.asarray(stacked[k]).reshape(-1, self.options.dim)
+        out["values"] = np.asarray(out["values"]).reshape(-1, self.options.dim)
+        return out
+
+    def load_whole(self, whole: Dict[str, tf.Tensor], index: int, shards: int) -> tf.Operation:
+        """Replaces the shard's contents with its ids' part of the whole table's arrays (export's
+        keys over every shard, the slots stacked as `slot_values` in this shard's slot order,
+        "live": 1 for each of seen_ids that has a row): shard `index` of `shards` keeps the ids it
+        owns, in one op."""
         with tf.device(self.device):
-            slot_values = tf.stack([parts[s] for s in self.slots]) if self.slots else \
-                tf.zeros([0, tf.size(parts["ids"]), dim])
-            return self._ops.parallax_kv_import(self.handle, parts["ids"], parts["values"], slot_values,
-                                                parts["seen_ids"], parts["counts"], parts["last_seen"],
-                                                parts["live"], parts["clock"])
+            return self._ops.parallax_kv_import(self.handle, whole["ids"], whole["values"], whole["slot_values"],
+                                                whole["seen_ids"], whole["counts"], whole["last_seen"],
+                                                whole["live"], whole["clock"], shard=index, shards=shards)
 
 
 def fusable(shards) -> bool:

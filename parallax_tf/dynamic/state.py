@@ -15,6 +15,7 @@ from typing import Dict, List
 import numpy as np
 import tensorflow as tf
 
+from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic.store import CLOCK_COLUMNS
 
@@ -29,11 +30,10 @@ class DynamicState:
     def __init__(self, tables: List):
         self.tables = tables
         self._exports = {t.name: [shard.export() for shard in t.shards] for t in tables}
-        self._feeds: Dict[str, tf.Tensor] = {}
-        self._live: Dict[str, tf.Tensor] = {}       # table -> per seen id, 1 where it has a row
-        self._loads = []
-        for table in tables:
-            self._loads.append(self._build_load(table))
+        self._feeds: Dict[str, Dict[str, tf.Tensor]] = {}    # table -> its load's placeholders by array name
+        self._loads = [self._build_whole_load(table) if all(isinstance(shard, compiled.CompiledShard)
+                                                            for shard in table.shards) else self._build_load(table)
+                       for table in tables]
 
     def keys(self) -> List[str]:
         return [key for table in self.tables for key in self._table_keys(table)]
@@ -48,7 +48,7 @@ class DynamicState:
         raw = sess.run({t.name: self._exports[t.name] for t in tables})
         out = {}
         for table in tables:
-            shards = raw[table.name]
+            shards = [shard.unpack(fetched) for shard, fetched in zip(table.shards, raw[table.name])]
             rows = {k: np.concatenate([s[k] for s in shards]) for k in shards[0] if k != "clock"}
             order = np.argsort(rows["ids"], kind="stable")
             seen = np.argsort(rows["seen_ids"], kind="stable")
@@ -68,23 +68,40 @@ class DynamicState:
             for key in self._table_keys(table):
                 name = key[len(table.name) + 1:]
                 given[name] = np.asarray(values[key]) if key in values else _empty(name, table)
-                feeds[self._feeds[key]] = given[name]
-            feeds[self._live[table.name]] = np.isin(given["seen_ids"], given["ids"]).astype(np.int64)
+            given["live"] = np.isin(given["seen_ids"], given["ids"]).astype(np.int64)
+            placeholders = self._feeds[table.name]
+            if "slot_values" in placeholders:        # the compiled shards' import, slots stacked in their order
+                slots = list(table.shards[0].slots)
+                given["slot_values"] = np.stack([given[s] for s in slots]) if slots else \
+                    np.zeros([0, len(given["ids"]), table.dim], table.options.dtype.as_numpy_dtype)
+            feeds.update({placeholder: given[name] for name, placeholder in placeholders.items()})
         sess.run(self._loads, feeds)
 
-    def _build_load(self, table) -> tf.Operation:
+    def _placeholders(self, table, names) -> Dict[str, tf.Tensor]:
+        """The load's placeholders of `table`'s whole arrays."""
         dtype, dim = table.options.dtype, table.dim
-        whole = {}
-        for key in self._table_keys(table):
-            name = key[len(table.name) + 1:]
+        made = {}
+        for name in names:
             if name == "clock":
                 shape, kind = [CLOCK_COLUMNS], tf.int64
-            elif name in ("ids", *SEEN_GROUP):
+            elif name in ("ids", "live", *SEEN_GROUP):
                 shape, kind = [None], tf.int64
+            elif name == "slot_values":
+                shape, kind = [None, None, dim], dtype
             else:
                 shape, kind = [None, dim], dtype
-            whole[name] = self._feeds[key] = tf.compat.v1.placeholder(kind, shape, name=f"parallax_load_{name}")
-        whole["live"] = self._live[table.name] = tf.compat.v1.placeholder(tf.int64, [None], name="parallax_load_live")
+            made[name] = tf.compat.v1.placeholder(kind, shape, name=f"parallax_load_{name}")
+        self._feeds[table.name] = made
+        return made
+
+    def _build_whole_load(self, table) -> tf.Operation:
+        """Compiled shards: each takes its ids from the whole arrays itself, one op a shard."""
+        whole = self._placeholders(table, [*ROW_GROUP, "slot_values", *SEEN_GROUP, "live", "clock"])
+        count = len(table.shards)
+        return tf.group(*[shard.load_whole(whole, index, count) for index, shard in enumerate(table.shards)])
+
+    def _build_load(self, table) -> tf.Operation:
+        whole = self._placeholders(table, [key[len(table.name) + 1:] for key in self._table_keys(table)] + ["live"])
         count = len(table.shards)
         by_row = tf.dynamic_partition(tf.range(tf.size(whole["ids"])), id_lib.owner(whole["ids"], count), count)
         by_seen = tf.dynamic_partition(tf.range(tf.size(whole["seen_ids"])),

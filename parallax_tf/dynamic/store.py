@@ -15,6 +15,7 @@ import dataclasses
 import weakref
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from parallax_tf.dynamic import ids as id_lib
@@ -238,6 +239,10 @@ class Shard:
             out.update(seen_ids=seen_ids, counts=meta[:, 0], last_seen=meta[:, 1])
             out["clock"] = _find(self.clock, tf.zeros([1], tf.int64), tf.zeros([CLOCK_COLUMNS], tf.int64))[0]
             return out
+
+    def unpack(self, fetched: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """export's fetched arrays by their keys (as they are)."""
+        return dict(fetched)
 
     def load(self, parts: Dict[str, tf.Tensor]) -> tf.Operation:
         """Replaces the shard's contents with `parts` (export's keys, this shard's ids only, and

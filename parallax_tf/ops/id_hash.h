@@ -20,6 +20,11 @@ inline uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The shard of `shards` that holds `id`'s row (ids.py's `owner`).
+inline int64_t Owner(int64_t id, int64_t shards) {
+  return static_cast<int64_t>(Mix(static_cast<uint64_t>(id) + kGolden) % static_cast<uint64_t>(shards));
+}
+
 // The uniforms of one id: u[j] for j < dim.
 inline void IdUniforms(int64_t id, uint64_t salt, int64_t dim, double* u) {
   const uint64_t base = Mix(static_cast<uint64_t>(id) ^ salt);

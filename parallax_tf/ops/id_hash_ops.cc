@@ -58,7 +58,7 @@ class IdOwnerOp : public OpKernel {
     int32_t* owner = out->flat<int32_t>().data();
     const uint64_t shards = static_cast<uint64_t>(shards_);
     for (int64_t i = 0; i < ids.NumElements(); ++i)
-      owner[i] = static_cast<int32_t>(Mix(static_cast<uint64_t>(id[i]) + kGolden) % shards);
+      owner[i] = static_cast<int32_t>(Owner(id[i], shards));
   }
 
  private:

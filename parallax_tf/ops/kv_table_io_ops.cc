@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax_tf/ops/id_hash.h"
 #include "parallax_tf/ops/kv_shard.h"
 #include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/op.h"
@@ -87,7 +88,11 @@ class KvExportOp : public OpKernel {
 // Replaces the shard's contents with export's arrays (store.Shard.load).
 class KvImportOp : public OpKernel {
  public:
-  explicit KvImportOp(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit KvImportOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("shard", &shard_));
+    OP_REQUIRES_OK(c, c->GetAttr("shards", &shards_));
+    OP_REQUIRES(c, shard_ >= 0 && shard_ < shards_, Invalid("ParallaxKvImport: shard ", shard_, " of ", shards_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     ShardPtr shard;
@@ -108,12 +113,14 @@ class KvImportOp : public OpKernel {
     auto& entries = shard->entries();
     entries.clear();
     for (int64_t i = 0; i < tracked; ++i) {
+      if (!Mine(seen_ids.flat<int64_t>()(i))) continue;
       Entry& e = entries[seen_ids.flat<int64_t>()(i)];
       e.count = counts.flat<int64_t>()(i);
       e.last_seen = last_seen.flat<int64_t>()(i);
       e.live = is_live.flat<int64_t>()(i) != 0;
     }
     for (int64_t i = 0; i < rows; ++i) {
+      if (!Mine(ids.flat<int64_t>()(i))) continue;
       Entry& e = entries[ids.flat<int64_t>()(i)];
       OP_REQUIRES(ctx, e.live, Invalid("ParallaxKvImport: id ", ids.flat<int64_t>()(i), " has a row but is not live"));
       e.data.resize((1 + slots) * dim);
@@ -127,8 +134,16 @@ class KvImportOp : public OpKernel {
     for (const auto& kv : entries)
       OP_REQUIRES(ctx, !kv.second.live || !kv.second.data.empty(),
                   Invalid("ParallaxKvImport: id ", kv.first, " is live but has no row"));
-    shard->clock() = Clock{clock.flat<int64_t>()(0), clock.flat<int64_t>()(1), clock.flat<int64_t>()(2)};
+    // every shard counts the table's boundaries; its admitted and evicted totals stay on shard 0
+    const bool first = shard_ == 0;
+    shard->clock() = Clock{clock.flat<int64_t>()(0), first ? clock.flat<int64_t>()(1) : 0,
+                           first ? clock.flat<int64_t>()(2) : 0};
   }
+
+ private:
+  bool Mine(int64_t id) const { return shards_ == 1 || Owner(id, shards_) == shard_; }
+
+  int64_t shard_, shards_;
 };
 
 // Removes `keys` (ids the table's capacity drops); with count_evicted, adds the live ones
@@ -245,9 +260,12 @@ REGISTER_OP("ParallaxKvImport")
     .Input("last_seen: int64")
     .Input("live: int64")
     .Input("clock: int64")
+    .Attr("shard: int >= 0 = 0")
+    .Attr("shards: int >= 1 = 1")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
-    .Doc("Replaces the shard's contents with ParallaxKvExport's arrays.");
+    .Doc("Replaces the shard's contents with ParallaxKvExport's arrays: the table's whole arrays, of which it "
+         "keeps the ids shard `shard` of `shards` owns (ParallaxIdOwner's).");
 
 REGISTER_OP("ParallaxKvRemove")
     .Input("handle: resource")
