@@ -81,6 +81,13 @@ class KvShard : public tensorflow::ResourceBase {
     for (const auto& kv : entries_) n += kv.second.live;
     return n;
   }
+  // out[0..3]: live rows, boundaries so far, rows admitted, rows evicted.
+  void Counters(int64_t* out) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    out[0] = LiveRows();
+    out[1] = clock_.step;
+    out[2] = clock_.admitted;
+    out[3] = clock_.evicted;
+  }
 
  private:
   const int64_t dim_;

@@ -330,16 +330,11 @@ class KvCountersManyOp : public OpKernel {
     const int64_t n = static_cast<int64_t>(names_.size());
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, 4}), &out));
-    auto v = out->matrix<int64_t>();
     for (int64_t k = 0; k < n; ++k) {
       tensorflow::core::RefCountPtr<KvShard> shard;
       OP_REQUIRES_OK(ctx, FindShard(ctx, container_, names_[k], dims_[k], &shard));
-      absl::ReaderMutexLock l(shard->mu());
-      const Clock& c = shard->clock();
-      v(k, 0) = shard->LiveRows();
-      v(k, 1) = c.step;
-      v(k, 2) = c.admitted;
-      v(k, 3) = c.evicted;
+      absl::MutexLock l(shard->mu());
+      shard->Counters(out->matrix<int64_t>().data() + 4 * k);
     }
   }
 

@@ -188,13 +188,8 @@ class KvCountersOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &shard));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({4}), &out));
-    absl::ReaderMutexLock l(shard->mu());
-    const Clock& c = shard->clock();
-    auto v = out->flat<int64_t>();
-    v(0) = shard->LiveRows();
-    v(1) = c.step;
-    v(2) = c.admitted;
-    v(3) = c.evicted;
+    absl::MutexLock l(shard->mu());
+    shard->Counters(out->flat<int64_t>().data());
   }
 };
 
