@@ -3,10 +3,5 @@ embedding table as a layer (parallax_tf/dynamic/layer.py). Keras is imported on 
 
 
 def __getattr__(name: str):
-    if name == "DynamicEmbedding":
-        import keras
-        from parallax_tf.dynamic.layer import layer_class
-        made = globals()[name] = keras.saving.register_keras_serializable("parallax_tf")(
-            layer_class(keras.layers.Layer, __name__))
-        return made
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from parallax_tf.dynamic.layer import module_attribute
+    return module_attribute(globals(), name, "keras")

@@ -3,10 +3,5 @@ dynamic embedding table as a layer (parallax_tf/dynamic/layer.py). tf_keras is i
 
 
 def __getattr__(name: str):
-    if name == "DynamicEmbedding":
-        import tf_keras
-        from parallax_tf.dynamic.layer import layer_class
-        made = globals()[name] = tf_keras.utils.register_keras_serializable("parallax_tf")(
-            layer_class(tf_keras.layers.Layer, __name__))
-        return made
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from parallax_tf.dynamic.layer import module_attribute
+    return module_attribute(globals(), name, "tf_keras")

@@ -3,7 +3,6 @@ reads outside the toolkit's graphs, its saved forms, and the row rules of Keras 
 layer trained on ranks: tests/test_tf2.py, tests/test_fit.py, tests/test_export.py)."""
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import parallax_tf as ptf
 from parallax_tf.dynamic.rules import rule_for

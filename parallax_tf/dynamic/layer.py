@@ -4,7 +4,7 @@
 Where the layer is called decides what it does:
 - traced by the TF2 front end (ptf.run of a TF2 step, ptf.fit of a Keras 3 model): the rows are a
   stand-in the front end replaces, in every graph it builds, by a lookup of the layer's table
-  (`traced_lookups`, tf2/graph.py);
+  (`tracing`, recorded in the trace; tf2/graph.py replaces them);
 - in a tf.compat.v1 graph (a model_fn; ptf.fit of a tf_keras model): a lookup of that graph's
   table of the layer;
 - anywhere else (eager, Keras' own predict and evaluate, a SavedModel): the live rows the last
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import weakref
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
@@ -177,6 +178,17 @@ def law_from_config(config: dict) -> id_lib.RowInitializer:
 def layer_class(base, module: str):
     """LayerBody on `base` (a Keras Layer class), named DynamicEmbedding in `module`."""
     return type("DynamicEmbedding", (LayerBody, base), {"__module__": module, "__doc__": DOC})
+
+
+def module_attribute(namespace: dict, name: str, library: str):
+    """`name` of the module whose globals are `namespace` (parallax_tf.keras, parallax_tf.tf_keras):
+    DynamicEmbedding on `library`'s Layer, made (and registered for Keras' saving) on first use."""
+    if name != "DynamicEmbedding":
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+    keras = importlib.import_module(library)
+    made = namespace[name] = keras.saving.register_keras_serializable("parallax_tf")(
+        layer_class(keras.layers.Layer, namespace["__name__"]))
+    return made
 
 
 def start_values(graph) -> Dict[str, np.ndarray]:
