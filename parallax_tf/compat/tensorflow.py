@@ -153,6 +153,14 @@ def update_input(op, index: int, tensor) -> None:
     op._update_input(index, tensor)
 
 
+def replace_uses(old, new) -> None:
+    """Every op that reads tensor `old` reads `new` instead."""
+    for consumer in list(old.consumers()):
+        for index, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                update_input(consumer, index, new)
+
+
 def set_device(op, device: str) -> None:
     """Places an op already in the graph."""
     op._set_device(device)

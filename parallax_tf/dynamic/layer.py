@@ -73,10 +73,8 @@ class LayerBody:
         self.table_options = dict(initializer=initializer, admit_after=admit_after,
                                   evict_after_steps=evict_after_steps, capacity=capacity, optimizer=optimizer,
                                   seed=seed)
-        # checks every option now, as the table will
-        probe = tf.Graph()
-        with probe.as_default(), table_lib.serving():
-            self._options = table_lib.DynamicEmbedding(self.name, self.output_dim, **self.table_options).options
+        self._options = table_lib.table_options(self.name, self.output_dim, **{
+            k: v for k, v in self.table_options.items() if k != "optimizer"})
         self.state: Dict[str, np.ndarray] = {}          # the table's arrays, by state.py's short names
         self._live = None
 

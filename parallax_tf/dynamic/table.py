@@ -110,15 +110,11 @@ class DynamicEmbedding:
     def __init__(self, name: str, dim: int, initializer=None, admit_after: int = 1,
                  evict_after_steps: Optional[int] = None, capacity: Optional[int] = None, optimizer=None,
                  dtype=tf.float32, seed: Optional[int] = None):
-        _check(name, dim, admit_after, evict_after_steps, capacity)
         graph = tf.compat.v1.get_default_graph()
+        self.options = table_options(name, dim, initializer, admit_after, evict_after_steps, capacity, dtype, seed)
         if any(t.name == name for t in tables(graph)):
             raise ModelError(f"two dynamic tables are named {name!r}; give each DynamicEmbedding its own name")
         self.name, self.dim, self.optimizer = name, dim, optimizer
-        law = _initializer(initializer, dim)
-        self.options = TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=law,
-                                    seed=_seed(name, seed, law),
-                                    admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
         self.served = ServedRows(name, self.options) if _SERVING[0] else None
         self.shards = [] if self.served else [_shard(name, i, device, self.options)
                                                for i, device in enumerate(_SHARD_DEVICES)]
@@ -280,6 +276,15 @@ def step(loss, optimizer=None) -> tf.Operation:
                 rows.table.shards, partition(rows.ids, [rows.grads, rows.counts], len(rows.table.shards)))]
         ends.append(rows.table.end_step(boundaries))
     return tf.group(*ends, name="parallax_dynamic_step")
+
+
+def table_options(name: str, dim: int, initializer=None, admit_after: int = 1, evict_after_steps=None,
+                  capacity=None, dtype=tf.float32, seed=None) -> TableOptions:
+    """A table's options, checked (one ModelError naming what is wrong), its law and seed resolved."""
+    _check(name, dim, admit_after, evict_after_steps, capacity)
+    law = _initializer(initializer, dim)
+    return TableOptions(dim=dim, dtype=tf.as_dtype(dtype), initializer=law, seed=_seed(name, seed, law),
+                        admit_after=admit_after, evict_after_steps=evict_after_steps, capacity=capacity)
 
 
 def _initializer(value, dim: int) -> id_lib.RowInitializer:

@@ -76,13 +76,13 @@ class KvShard : public tensorflow::ResourceBase {
   absl::Mutex* mu() { return &mu_; }
   absl::flat_hash_map<int64_t, Entry>& entries() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entries_; }
   Clock& clock() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_; }
-  int64_t LiveRows() const TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  int64_t LiveRows() const TF_SHARED_LOCKS_REQUIRED(mu_) {
     int64_t n = 0;
     for (const auto& kv : entries_) n += kv.second.live;
     return n;
   }
   // out[0..3]: live rows, boundaries so far, rows admitted, rows evicted.
-  void Counters(int64_t* out) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Counters(int64_t* out) const TF_SHARED_LOCKS_REQUIRED(mu_) {
     out[0] = LiveRows();
     out[1] = clock_.step;
     out[2] = clock_.admitted;

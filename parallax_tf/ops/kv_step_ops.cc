@@ -333,7 +333,7 @@ class KvCountersManyOp : public OpKernel {
     for (int64_t k = 0; k < n; ++k) {
       tensorflow::core::RefCountPtr<KvShard> shard;
       OP_REQUIRES_OK(ctx, FindShard(ctx, container_, names_[k], dims_[k], &shard));
-      absl::MutexLock l(shard->mu());
+      absl::ReaderMutexLock l(shard->mu());
       shard->Counters(out->matrix<int64_t>().data() + 4 * k);
     }
   }

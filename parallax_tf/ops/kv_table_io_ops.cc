@@ -188,7 +188,7 @@ class KvCountersOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &shard));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({4}), &out));
-    absl::MutexLock l(shard->mu());
+    absl::ReaderMutexLock l(shard->mu());
     shard->Counters(out->flat<int64_t>().data());
   }
 };

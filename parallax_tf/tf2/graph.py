@@ -246,12 +246,8 @@ class Converter:
     def _dynamic_lookups(self, graph) -> None:
         """Each dynamic layer's stand-in rows become a lookup of its table in this graph."""
         for traced in self.trace.dynamic_lookups:
-            stand_in = _imported(graph, traced.rows)
             rows = traced.layer.graph_table().lookup(_imported(graph, traced.ids))
-            for op in list(stand_in.consumers()):
-                for index, tensor in enumerate(op.inputs):
-                    if tensor is stand_in:
-                        tf_shim.update_input(op, index, rows)
+            tf_shim.replace_uses(_imported(graph, traced.rows), rows)
 
     def _record(self, made: Dict[int, object], share, ctx, splits: Dict[int, tuple], replaced: dict) -> Training:
         graph = tf.compat.v1.get_default_graph()

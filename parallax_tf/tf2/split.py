@@ -138,11 +138,11 @@ def apply_split(split: Shards, grad: tf.IndexedSlices, part_grads: List[tf.Index
     for op in list(split.stand_in.consumers()):
         if op.type == "ResourceGather" and op not in replaced:
             looked_up = tf.compat.v1.nn.embedding_lookup(split.parts, op.inputs[1], partition_strategy="mod")
-            _rewire(op.outputs[0], looked_up)
+            tf_shim.replace_uses(op.outputs[0], looked_up)
             replaced[op] = [looked_up.op]
         elif op.type == "VariableShape":
             shape = tf.constant([split.rows] + split.parts[0].shape[1:].as_list(), op.get_attr("out_type"))
-            _rewire(op.outputs[0], shape)
+            tf_shim.replace_uses(op.outputs[0], shape)
             replaced[op] = [shape.op]
     for op in [op for handle in (split.stand_in, *slots) for op in handle.consumers()]:
         if _dead_read(op):
@@ -154,13 +154,6 @@ def _copy(graph, op: tf.Operation, mapping: dict, suffix: str) -> tf.Operation:
     attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
     return graph.create_op(op.type, [mapping.get(t.name, t) for t in op.inputs], [t.dtype for t in op.outputs],
                            name=f"{op.name}_{suffix}", attrs=attrs, op_def=op.op_def)
-
-
-def _rewire(old: tf.Tensor, new: tf.Tensor) -> None:
-    for consumer in list(old.consumers()):
-        for index, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                tf_shim.update_input(consumer, index, new)
 
 
 def reorder(graph, replaced: Dict[tf.Operation, list]) -> None:

@@ -81,7 +81,7 @@ class DynamicTablesStep:
         for item in sent:
             by_device.setdefault(item[0].device, []).append(item)
         for device, items in sorted(by_device.items(), key=lambda kv: str(kv[0])):
-            items = self._in_message_order(device, items)
+            items, ids_message = self._in_message_order(device, items)
             with tf.control_dependencies([op for item in items for op in item[3]]):
                 flat = tf.concat([tf.reshape(item[2], [-1]) for item in items], 0)
             if self.topo.crosses_processes(device):
@@ -91,8 +91,9 @@ class DynamicTablesStep:
             with tf.device(device):
                 if compiled.fusable(shards) and len({id(shard) for shard in shards}) == len(shards):
                     self.fused[device] = shards
-                    self.push_on[device] = compiled.push(shards, self._ids_message(device, items), flat,
-                                                         self.topo.rank, self.topo.size)
+                    if ids_message is None:     # made on the server from the ids it holds
+                        ids_message = compiled.message([item[1] for item in items])
+                    self.push_on[device] = compiled.push(shards, ids_message, flat, self.topo.rank, self.topo.size)
                 else:
                     widths = [int(item[2].shape[1]) for item in items]
                     sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
@@ -102,22 +103,14 @@ class DynamicTablesStep:
                         for item, piece, width in zip(items, pieces, widths)])
                 self.pushes.append(self.push_on[device])
 
-    def _in_message_order(self, device, items) -> list:
-        """`items` in the order of the server's read message when they push onto its ids alone."""
-        read_shards = self.messages.get(device, (None, []))[1]
+    def _in_message_order(self, device, items) -> tuple:
+        """(`items`, None), or, when they push onto exactly the ids of the server's read message
+        (nothing more crosses), (`items` in its order, that message)."""
+        sent, read_shards = self.messages.get(device, (None, []))
         at = {id(shard): k for k, shard in enumerate(read_shards)}
         if any(item[4] for item in items) or sorted(at.get(id(item[0]), -1) for item in items) != list(range(len(at))):
-            return items
-        return sorted(items, key=lambda item: at[id(item[0])])
-
-    def _ids_message(self, device, items) -> tf.Tensor:
-        """The push's message of ids on the server: the reads' own when the push is onto exactly
-        those ids in that order (nothing more crosses), else one made there."""
-        sent, read_shards = self.messages.get(device, (None, []))
-        if sent is not None and [id(s) for s in read_shards] == [id(item[0]) for item in items] and \
-                not any(item[4] for item in items):
-            return sent
-        return compiled.message([item[1] for item in items])
+            return items, None
+        return sorted(items, key=lambda item: at[id(item[0])]), sent
 
     def _boundaries(self, found, model_optimizer) -> None:
         """Rank 0: every shard takes every rank's push and ends the step (one compiled op per
