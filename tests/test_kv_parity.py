@@ -2,6 +2,8 @@
 step by step on the same ids: every read and every exported array equal to 1e-6, shard by shard
 and as whole tables (string ids, two lookups a step, capacity), and each backend resuming the
 other's checkpoint arrays."""
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -233,3 +235,32 @@ def test_a_boundary_whose_pushes_never_all_come_ends_at_the_steps_deadline():
             sess.run(pushed)
             with pytest.raises((tf.errors.DeadlineExceededError, tf.errors.CancelledError)):
                 sess.run(boundary, options=tf.compat.v1.RunOptions(timeout_in_ms=300))
+
+
+def test_a_ranks_read_waits_for_the_boundary_of_its_push_and_then_reads_its_rows():
+    """read_many with a rank waits, without holding the session's thread, until boundary_many
+    applied that rank's last push; a read that no boundary releases ends at the step's deadline.
+    A rank that has not pushed reads at once."""
+    graph = tf.Graph()
+    with graph.as_default():
+        shard = CompiledShard("t", 0, None, TableOptions(dim=2, dtype=tf.float32, initializer=id_lib.constant(0.5),
+                                                         seed=1, admit_after=1, evict_after_steps=None))
+        ids = compiled.message([tf.constant([3], tf.int64)])
+        pushes = [compiled.push([shard], ids, tf.constant([0.2, 0.4, 1.0]), rank, 2) for rank in range(2)]
+        boundary = compiled.boundary_many([shard], [rule_for(OPTIMIZERS["sgd"]())], 2)
+        reads = [compiled.read_many([shard], ids, rank, 2) for rank in range(2)]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            np.testing.assert_allclose(sess.run(reads[1]), [0.5, 0.5])
+            sess.run(pushes[1])
+            np.testing.assert_allclose(sess.run(reads[0]), [0.5, 0.5])      # rank 0 has not pushed
+            with pytest.raises((tf.errors.DeadlineExceededError, tf.errors.CancelledError)):
+                sess.run(reads[1], options=tf.compat.v1.RunOptions(timeout_in_ms=300))
+            done = []
+            waiting = threading.Thread(target=lambda: done.append(sess.run(reads[1])))
+            waiting.start()
+            waiting.join(0.5)
+            assert waiting.is_alive() and not done
+            sess.run([pushes[0], boundary])
+            waiting.join(30)
+            # sgd 0.1 on the mean of the ranks' gradients (0.2, 0.4)
+            np.testing.assert_allclose(done, [[0.5 - 0.1 * 0.2, 0.5 - 0.1 * 0.4]], rtol=1e-6)

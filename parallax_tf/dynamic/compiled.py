@@ -105,7 +105,7 @@ class CompiledShard:
     def export(self) -> Dict[str, tf.Tensor]:
         """Live rows (ids, values, the slots stacked as `slot_values`) and every tracked id's
         counters, in one op; `unpack` gives the fetched arrays store.Shard.export's keys."""
-        with tf.device(self.device):
+        with tf.device(self.device), tf.control_dependencies(settled(self.device)):
             ids, values, slot_values, seen, counts, last_seen, _, clock = self._ops.parallax_kv_export(
                 self.handle, slots=len(self.slots))
             return dict(ids=ids, values=values, slot_values=slot_values, seen_ids=seen, counts=counts,
@@ -136,16 +136,32 @@ def fusable(shards) -> bool:
     return all(isinstance(shard, CompiledShard) and shard.law is not None for shard in shards)
 
 
-def read_many(shards: List[CompiledShard], message) -> tf.Tensor:
+def read_many(shards: List[CompiledShard], message, rank: int = -1, ranks: int = 1) -> tf.Tensor:
     """One op on the shards' server answering every read of one rank's message there: `message`
     holds each read's id count, then each read's ids (shards[k] answers read k); the rows come
-    back flattened, read after read. Every shard's initial row law must compile (`law`)."""
-    laws = [shard.law for shard in shards]
+    back flattened, read after read. Every shard's initial row law must compile (`law`). With a
+    `rank`, the read waits until boundary_many has applied every push that rank made there."""
     return compiled_ops.load().parallax_kv_read_many(
-        message, _law_values(shards),
-        shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
+        message, shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
         admit_on_first_use=[shard.options.admit_after == 1 for shard in shards],
-        law_kinds=[kind for kind, _, _, _ in laws], salts=[salt for _, _, _, salt in laws])
+        pushes=_pushes_name(shards[0].device) if rank >= 0 else "", rank=rank, ranks=ranks, **_laws(shards))
+
+
+SETTLED = "parallax_dynamic_settled"     # graph collection: ops after which a server's exports read
+
+
+def settle(shards: List[CompiledShard], rank: int, ranks: int) -> None:
+    """Makes the exports of the shards' server (built later: state.DynamicState) wait, as a
+    read of `rank` does, for the boundary of that rank's last push there."""
+    with tf.control_dependencies(None):
+        empty = tf.zeros([len(shards)], tf.int64)
+        tf.compat.v1.add_to_collection(SETTLED, read_many(shards, empty, rank, ranks).op)
+
+
+def settled(device) -> list:
+    """The ops an export on `device` waits for (settle)."""
+    where = tf.DeviceSpec.from_string(device or "")
+    return [op for op in tf.compat.v1.get_collection(SETTLED) if tf.DeviceSpec.from_string(op.device) == where]
 
 
 def _pushes_name(device) -> str:
@@ -179,7 +195,7 @@ def boundary_many(shards: List[CompiledShard], rules: list, ranks: int) -> tf.Op
     else:
         hyper = tf.stack([rule.value(name, tf.float32) for rule in rules for name in HYPER_ORDER[rule.kind]])
     return compiled_ops.load().parallax_kv_boundary_many(
-        hyper, _law_values(shards), pushes=_pushes_name(shards[0].device), ranks=ranks,
+        hyper, pushes=_pushes_name(shards[0].device), ranks=ranks,
         shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards],
         kinds=[rule.kind for rule in rules], nesterov=[bool(rule.hyper.get("nesterov", False)) for rule in rules],
         learning_rate_powers=[float(rule.hyper.get("learning_rate_power", -0.5)) for rule in rules],
@@ -187,8 +203,7 @@ def boundary_many(shards: List[CompiledShard], rules: list, ranks: int) -> tf.Op
         evict_after=[-1 if shard.options.evict_after_steps is None else shard.options.evict_after_steps
                      for shard in shards],
         slot_counts=[len(shard.slots) for shard in shards],
-        slot_initial=[value for shard in shards for value in shard.slots.values()],
-        law_kinds=[shard.law[0] for shard in shards], salts=[shard.law[3] for shard in shards])
+        slot_initial=[value for shard in shards for value in shard.slots.values()], **_laws(shards))
 
 
 def counters_many(shards: List[CompiledShard]) -> tf.Tensor:
@@ -197,5 +212,9 @@ def counters_many(shards: List[CompiledShard]) -> tf.Tensor:
         shared_names=[shard.shared_name for shard in shards], dims=[shard.options.dim for shard in shards])
 
 
-def _law_values(shards) -> tf.Tensor:
-    return tf.constant([[shard.law[1], shard.law[2]] for shard in shards], tf.float64)
+def _laws(shards) -> dict:
+    """The shards' initial row laws as the compiled ops' attrs (the doubles exact, in a tensor
+    attr: no constant runs each step)."""
+    laws = [shard.law for shard in shards]
+    return dict(law_kinds=[kind for kind, _, _, _ in laws], salts=[salt for _, _, _, salt in laws],
+                law_values=tf.make_tensor_proto(np.array([[a, b] for _, a, b, _ in laws], np.float64)))

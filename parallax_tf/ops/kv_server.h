@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax_tf/ops/id_hash.h"
 #include "parallax_tf/ops/kv_shard.h"
 #include "parallax_tf/ops/op_errors.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -53,6 +54,31 @@ inline absl::Status ParseMessage(const tensorflow::Tensor& message, int64_t part
   }
   if (at != message.NumElements())
     return Invalid(op, ": the counts add up to ", at - parts, " ids; the message holds ", message.NumElements() - parts);
+  return absl::OkStatus();
+}
+
+// Each of `n` shards' initial row law from an op's attrs: `law_kinds`, `salts` and
+// `law_values`, a double tensor [n, 2] (an attr: no constant node runs each step).
+inline absl::Status ParseLaws(tensorflow::OpKernelConstruction* c, const char* op, size_t n,
+                              std::vector<RowLaw>* laws) {
+  std::vector<std::string> kinds;
+  std::vector<int64_t> salts;
+  tensorflow::Tensor values;
+  TF_RETURN_IF_ERROR(c->GetAttr("law_kinds", &kinds));
+  TF_RETURN_IF_ERROR(c->GetAttr("salts", &salts));
+  TF_RETURN_IF_ERROR(c->GetAttr("law_values", &values));
+  if (kinds.size() != n || salts.size() != n)
+    return Invalid(op, ": ", n, " shards but ", kinds.size(), " laws and ", salts.size(), " salts");
+  if (values.dtype() != tensorflow::DT_DOUBLE) return Invalid(op, ": law_values must hold doubles");
+  TF_RETURN_IF_ERROR(CheckRows(values, static_cast<int64_t>(n), 2, op, "law values"));
+  const double* value = values.flat<double>().data();
+  laws->resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (!RowLaw::Parse(kinds[k], &(*laws)[k].kind)) return Invalid(op, ": no row law ", kinds[k]);
+    (*laws)[k].salt = static_cast<uint64_t>(salts[k]);
+    (*laws)[k].a = value[2 * k];
+    (*laws)[k].b = value[2 * k + 1];
+  }
   return absl::OkStatus();
 }
 

@@ -4,14 +4,18 @@
 // manager, made on first use as ParallaxKvShard makes them, so no handle op runs per shard and
 // step; the op's `container` attr comes from the graph's container scope, as a handle op's does.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallax_tf/ops/id_hash.h"
+#include "parallax_tf/ops/kv_pushes.h"
 #include "parallax_tf/ops/kv_server.h"
 #include "parallax_tf/ops/kv_shard.h"
 #include "parallax_tf/ops/op_errors.h"
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -20,7 +24,7 @@
 namespace parallax {
 namespace {
 
-using ::tensorflow::OpKernel;
+using ::tensorflow::AsyncOpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
@@ -28,53 +32,85 @@ using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
 // Every read of one rank's message to this server: `message` is the reads' id counts, then
-// each read's ids; `laws` [reads, 2] the doubles of each read's initial row law. The rows come
-// back flattened, read after read: a live id's row, else its initial row (admission on first
-// use) or zeros, as ParallaxKvRead answers each read.
-class KvReadManyOp : public OpKernel {
+// each read's ids. The rows come back flattened, read after read: a live id's row, else its
+// initial row (admission on first use) or zeros, as ParallaxKvRead answers each read. With a
+// `rank` (>= 0), the read waits, without holding a thread, until the server's boundaries have
+// applied every push that rank made to `pushes` (kv_pushes.h).
+class KvReadManyOp : public AsyncOpKernel {
  public:
-  explicit KvReadManyOp(OpKernelConstruction* c) : OpKernel(c) {
-    std::vector<std::string> laws;
-    std::vector<int64_t> salts;
+  explicit KvReadManyOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
     OP_REQUIRES_OK(c, c->GetAttr("shared_names", &names_));
     OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(c, c->GetAttr("admit_on_first_use", &first_use_));
-    OP_REQUIRES_OK(c, c->GetAttr("law_kinds", &laws));
-    OP_REQUIRES_OK(c, c->GetAttr("salts", &salts));
+    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
+    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
     const size_t n = names_.size();
-    OP_REQUIRES(c, dims_.size() == n && first_use_.size() == n && laws.size() == n && salts.size() == n,
-                Invalid("ParallaxKvReadMany: ", n, " shards but ", dims_.size(), " dims, ", first_use_.size(),
-                        " admission flags, ", laws.size(), " laws and ", salts.size(), " salts"));
-    laws_.resize(n);
-    for (size_t k = 0; k < n; ++k) {
-      OP_REQUIRES(c, RowLaw::Parse(laws[k], &laws_[k].kind), Invalid("ParallaxKvReadMany: no row law ", laws[k]));
-      laws_[k].salt = static_cast<uint64_t>(salts[k]);
+    OP_REQUIRES(c, dims_.size() == n && first_use_.size() == n,
+                Invalid("ParallaxKvReadMany: ", n, " shards but ", dims_.size(), " dims and ", first_use_.size(),
+                        " admission flags"));
+    OP_REQUIRES(c, rank_ < ranks_, Invalid("ParallaxKvReadMany: rank ", rank_, " of ", ranks_));
+    OP_REQUIRES_OK(c, ParseLaws(c, "ParallaxKvReadMany", n, &laws_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (rank_ < 0) {
+      ctx->SetStatus(Read(ctx));
+      done();
+      return;
+    }
+    tensorflow::core::RefCountPtr<KvPushes> pushes;
+    OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes), done);
+    KvPushes* gate = pushes.get();
+    // the waiting read's ticket, once known: a cancellation before then finds none to drop
+    auto ticket = std::make_shared<std::atomic<int64_t>>(-1);
+    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
+    const tensorflow::CancellationToken token = cm->get_cancellation_token();
+    const bool registered = cm->RegisterCallback(token, [ctx, done, gate, ticket]() {
+      const int64_t waiting = ticket->load();
+      if (waiting > 0 && gate->CancelRead(waiting)) {
+        ctx->SetStatus(absl::CancelledError("ParallaxKvReadMany: the step was cancelled before the boundary the "
+                                            "read waits for"));
+        done();
+      }
+    });
+    OP_REQUIRES_ASYNC(ctx, registered, absl::CancelledError("ParallaxKvReadMany: the step was cancelled"), done);
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    auto read = [this, ctx, done, cm, token]() {
+      cm->TryDeregisterCallback(token);
+      ctx->SetStatus(Read(ctx));
+      done();
+    };
+    const int64_t waiting = gate->WhenApplied(rank_, [read, workers](bool from_boundary) {
+      if (from_boundary) workers->Schedule(read);     // not on the boundary's thread
+      else read();
+    });
+    ticket->store(waiting);
+    if (waiting > 0 && cm->IsCancelled() && gate->CancelRead(waiting)) {     // cancelled before the ticket was known
+      cm->TryDeregisterCallback(token);
+      ctx->SetStatus(absl::CancelledError("ParallaxKvReadMany: the step was cancelled"));
+      done();
     }
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ private:
+  absl::Status Read(OpKernelContext* ctx) {
     const Tensor& message = ctx->input(0);
-    const Tensor& law_values = ctx->input(1);
     const int64_t reads = static_cast<int64_t>(names_.size());
     std::vector<int64_t> begin, count;
-    OP_REQUIRES_OK(ctx, ParseMessage(message, reads, "ParallaxKvReadMany", &begin, &count));
-    OP_REQUIRES_OK(ctx, CheckRows(law_values, reads, 2, "ParallaxKvReadMany", "law values"));
+    TF_RETURN_IF_ERROR(ParseMessage(message, reads, "ParallaxKvReadMany", &begin, &count));
     const int64_t* counts = message.flat<int64_t>().data();
-    const double* law = law_values.flat<double>().data();
     int64_t floats = 0;
     for (int64_t k = 0; k < reads; ++k) floats += counts[k] * dims_[k];
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({floats}), &out));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({floats}), &out));
     const int64_t* id = counts + reads;
     float* rows = out->flat<float>().data();
     std::vector<double> scratch;
     for (int64_t k = 0; k < reads; ++k) {
       tensorflow::core::RefCountPtr<KvShard> shard;
-      OP_REQUIRES_OK(ctx, FindShard(ctx, container_, names_[k], dims_[k], &shard));
-      RowLaw row_law = laws_[k];
-      row_law.a = law[2 * k];
-      row_law.b = law[2 * k + 1];
+      TF_RETURN_IF_ERROR(FindShard(ctx, container_, names_[k], dims_[k], &shard));
       const int64_t dim = dims_[k];
       scratch.resize(dim);
       absl::ReaderMutexLock l(shard->mu());
@@ -83,14 +119,15 @@ class KvReadManyOp : public OpKernel {
         auto it = entries.find(*id);
         if (it != entries.end() && it->second.live)
           std::copy(it->second.data.begin(), it->second.data.begin() + dim, rows);
-        else if (first_use_[k]) row_law.Row(*id, dim, scratch.data(), rows);
+        else if (first_use_[k]) laws_[k].Row(*id, dim, scratch.data(), rows);
         else std::fill(rows, rows + dim, 0.0f);
       }
     }
+    return absl::OkStatus();
   }
 
- private:
-  std::string container_;     // set from the graph's container scope, as a handle op's is
+  std::string container_, pushes_name_;     // container: from the graph's container scope
+  int64_t rank_, ranks_;
   std::vector<std::string> names_;
   std::vector<int64_t> dims_;
   std::vector<bool> first_use_;
@@ -101,13 +138,16 @@ class KvReadManyOp : public OpKernel {
 
 REGISTER_OP("ParallaxKvReadMany")
     .Input("message: int64")
-    .Input("laws: double")
     .Output("rows: float")
     .Attr("shared_names: list(string) >= 1")
     .Attr("dims: list(int)")
     .Attr("admit_on_first_use: list(bool)")
     .Attr("law_kinds: list(string)")
     .Attr("salts: list(int)")
+    .Attr("law_values: tensor")
+    .Attr("pushes: string = ''")
+    .Attr("rank: int = -1")
+    .Attr("ranks: int = 1")
     .Attr("container: string = ''")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {

@@ -4,7 +4,8 @@
 //   gradient rows and occurrences) in the server's KvPushes;
 // - ParallaxKvBoundaryMany waits, without holding a thread, until every rank pushed, then per
 //   shard sums the pushes per id in rank order, averages the gradients over the ranks and runs
-//   the shard's boundary (kv_shard.h) with the initial rows computed inside (id_hash.h);
+//   the shard's boundary (kv_shard.h) with the initial rows computed inside (id_hash.h), and
+//   lets the reads waiting for it go (kv_pushes.h);
 // - ParallaxKvCountersMany reads every shard's counters in one op.
 // Shards and the pushes are found by container and shared name (kv_server.h).
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "parallax_tf/ops/id_hash.h"
+#include "parallax_tf/ops/kv_pushes.h"
 #include "parallax_tf/ops/kv_server.h"
 #include "parallax_tf/ops/kv_shard.h"
 #include "parallax_tf/ops/op_errors.h"
@@ -35,97 +37,6 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
-
-// One rank's push: per shard, its ids (a message: kv_server.h's ParseMessage), and the payload
-// of [ids, dim + 1] rows, shard after shard.
-struct Push {
-  Tensor message;
-  std::vector<int64_t> begin, count;
-  Tensor payload;
-  bool given = false;
-
-  const int64_t* ids(size_t k) const { return message.flat<int64_t>().data() + begin[k]; }
-};
-
-// This step's pushes to one server, by rank, until the boundary takes them all.
-class KvPushes : public tensorflow::ResourceBase {
- public:
-  using Taker = std::function<void(std::vector<Push>)>;
-
-  explicit KvPushes(int64_t ranks) : pushes_(ranks) {}
-  std::string DebugString() const override { return "ParallaxKvPushes"; }
-  int64_t ranks() const { return static_cast<int64_t>(pushes_.size()); }
-
-  // Stores `rank`'s push; the last one of the step runs a waiting taker (outside the lock).
-  absl::Status Put(int64_t rank, Push push) {
-    Taker take;
-    std::vector<Push> all;
-    {
-      absl::MutexLock l(&mu_);
-      if (pushes_[rank].given) return Invalid("ParallaxKvPush: rank ", rank, " pushed twice in one step");
-      push.given = true;
-      pushes_[rank] = std::move(push);
-      if (++count_ == ranks() && take_) {
-        take.swap(take_);
-        all = TakeLocked();
-      }
-    }
-    if (take) take(std::move(all));
-    return absl::OkStatus();
-  }
-
-  // Runs `take` with every rank's push: now if all are in, else from the last Put.
-  absl::Status Wait(Taker take) {
-    std::vector<Push> all;
-    {
-      absl::MutexLock l(&mu_);
-      if (take_) return Invalid("ParallaxKvBoundaryMany: two boundaries wait on one server's pushes");
-      if (count_ < ranks()) {
-        take_ = std::move(take);
-        return absl::OkStatus();
-      }
-      all = TakeLocked();
-    }
-    take(std::move(all));
-    return absl::OkStatus();
-  }
-
-  // Drops the waiting taker (its step was cancelled); whether one waited.
-  bool Cancel() {
-    absl::MutexLock l(&mu_);
-    const bool waited = static_cast<bool>(take_);
-    take_ = nullptr;
-    return waited;
-  }
-
- private:
-  std::vector<Push> TakeLocked() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<Push> all(pushes_.size());
-    all.swap(pushes_);
-    count_ = 0;
-    return all;
-  }
-
-  absl::Mutex mu_;
-  std::vector<Push> pushes_ TF_GUARDED_BY(mu_);
-  int64_t count_ TF_GUARDED_BY(mu_) = 0;
-  Taker take_ TF_GUARDED_BY(mu_);
-};
-
-absl::Status FindPushes(OpKernelContext* ctx, const std::string& container, const std::string& name, int64_t ranks,
-                        tensorflow::core::RefCountPtr<KvPushes>* pushes) {
-  tensorflow::ResourceMgr* rm = ctx->resource_manager();
-  KvPushes* found = nullptr;
-  TF_RETURN_IF_ERROR(rm->LookupOrCreate<KvPushes>(container.empty() ? rm->default_container() : container, name,
-                                                  &found, [&](KvPushes** made) {
-                                                    *made = new KvPushes(ranks);
-                                                    return absl::OkStatus();
-                                                  }));
-  pushes->reset(found);
-  if (found->ranks() != ranks)
-    return Invalid("the pushes ", name, " gather ", found->ranks(), " ranks; an op asks for ", ranks);
-  return absl::OkStatus();
-}
 
 class KvPushOp : public OpKernel {
  public:
@@ -199,10 +110,10 @@ Summed SumPushes(const std::vector<Push>& pushes, const std::vector<int64_t>& of
 class KvBoundaryManyOp : public AsyncOpKernel {
  public:
   explicit KvBoundaryManyOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    std::vector<std::string> kinds, law_kinds;
+    std::vector<std::string> kinds;
     std::vector<bool> nesterov;
     std::vector<float> powers, slot_initial;
-    std::vector<int64_t> admit_after, evict_after, slot_counts, salts;
+    std::vector<int64_t> admit_after, evict_after, slot_counts;
     OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
     OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
     OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
@@ -215,11 +126,10 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("evict_after", &evict_after));
     OP_REQUIRES_OK(c, c->GetAttr("slot_counts", &slot_counts));
     OP_REQUIRES_OK(c, c->GetAttr("slot_initial", &slot_initial));
-    OP_REQUIRES_OK(c, c->GetAttr("law_kinds", &law_kinds));
-    OP_REQUIRES_OK(c, c->GetAttr("salts", &salts));
     const size_t n = names_.size();
+    OP_REQUIRES_OK(c, ParseLaws(c, "ParallaxKvBoundaryMany", n, &laws_));
     for (size_t size : {dims_.size(), kinds.size(), nesterov.size(), powers.size(), admit_after.size(),
-                        evict_after.size(), slot_counts.size(), law_kinds.size(), salts.size()})
+                        evict_after.size(), slot_counts.size()})
       OP_REQUIRES(c, size == n, Invalid("ParallaxKvBoundaryMany: ", n, " shards, but an attr lists ", size));
     size_t slot_at = 0;
     for (size_t k = 0; k < n; ++k) {
@@ -234,21 +144,16 @@ class KvBoundaryManyOp : public AsyncOpKernel {
       b.slot_initial.assign(slot_initial.begin() + slot_at, slot_initial.begin() + slot_at + slot_counts[k]);
       slot_at += slot_counts[k];
       boundaries_.push_back(b);
-      RowLaw law;
-      OP_REQUIRES(c, RowLaw::Parse(law_kinds[k], &law.kind), Invalid("ParallaxKvBoundaryMany: no law ", law_kinds[k]));
-      law.salt = static_cast<uint64_t>(salts[k]);
-      laws_.push_back(law);
       hyper_count_ += HyperCount(b.rule.kind);
     }
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor hyper = ctx->input(0), law_values = ctx->input(1);
+    const Tensor hyper = ctx->input(0);
     const int64_t shards = static_cast<int64_t>(names_.size());
     OP_REQUIRES_ASYNC(ctx, hyper.NumElements() == hyper_count_,
                       Invalid("ParallaxKvBoundaryMany: the rules take ", hyper_count_, " hyper-parameters, got ",
                               hyper.NumElements()), done);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRows(law_values, shards, 2, "ParallaxKvBoundaryMany", "law values"), done);
     tensorflow::core::RefCountPtr<KvPushes> pushes;
     OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes), done);
     tensorflow::CancellationManager* cm = ctx->cancellation_manager();
@@ -261,9 +166,10 @@ class KvBoundaryManyOp : public AsyncOpKernel {
       }
     });
     OP_REQUIRES_ASYNC(ctx, registered, absl::CancelledError("ParallaxKvBoundaryMany: the step was cancelled"), done);
-    const absl::Status waiting = pushes->Wait([this, ctx, done, cm, token, hyper, law_values](std::vector<Push> all) {
+    const absl::Status waiting = pushes->Wait([this, ctx, done, cm, token, hyper, waited_on](std::vector<Push> all) {
       cm->TryDeregisterCallback(token);
-      ctx->SetStatus(Apply(ctx, all, hyper, law_values));
+      ctx->SetStatus(Apply(ctx, all, hyper));
+      waited_on->Finish();
       done();
     });
     if (!waiting.ok()) cm->TryDeregisterCallback(token);
@@ -272,8 +178,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
 
  private:
   // Every shard's boundary on the ranks' pushes.
-  absl::Status Apply(OpKernelContext* ctx, const std::vector<Push>& all, const Tensor& hyper,
-                     const Tensor& law_values) const {
+  absl::Status Apply(OpKernelContext* ctx, const std::vector<Push>& all, const Tensor& hyper) const {
     for (const Push& push : all) {
       if (push.count.size() != names_.size())
         return Invalid("ParallaxKvBoundaryMany: a push holds ", push.count.size(), " shards' ids for ", names_.size());
@@ -285,7 +190,6 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     }
     std::vector<int64_t> offsets(all.size(), 0);
     const float* h = hyper.flat<float>().data();
-    const double* law_value = law_values.flat<double>().data();
     std::vector<double> scratch;
     for (size_t k = 0; k < names_.size(); ++k) {
       const int64_t dim = dims_[k];
@@ -294,9 +198,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
       Boundary b = boundaries_[k];
       b.rule.hyper.assign(h, h + HyperCount(b.rule.kind));
       h += HyperCount(b.rule.kind);
-      RowLaw law = laws_[k];
-      law.a = law_value[2 * k];
-      law.b = law_value[2 * k + 1];
+      const RowLaw& law = laws_[k];
       scratch.resize(dim);
       tensorflow::core::RefCountPtr<KvShard> shard;
       TF_RETURN_IF_ERROR(FindShard(ctx, container_, names_[k], dim, &shard));
@@ -361,7 +263,6 @@ REGISTER_OP("ParallaxKvPush")
 
 REGISTER_OP("ParallaxKvBoundaryMany")
     .Input("hyper: float")
-    .Input("law_values: double")
     .Attr("pushes: string")
     .Attr("ranks: int >= 1")
     .Attr("shared_names: list(string) >= 1")
@@ -375,6 +276,7 @@ REGISTER_OP("ParallaxKvBoundaryMany")
     .Attr("slot_initial: list(float)")
     .Attr("law_kinds: list(string)")
     .Attr("salts: list(int)")
+    .Attr("law_values: tensor")
     .Attr("container: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)

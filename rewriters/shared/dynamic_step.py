@@ -1,13 +1,14 @@
 """The synchronous step's part for dynamic tables (parallax_tf.dynamic): every rank pushes, per
 shard, the distinct ids its batch read with their gradients and occurrences to the shard's
 server; rank 0 takes every rank's push, sums them per id and runs the shard's step boundary
-there (the optimizer's row rule, admission, eviction), then hands every other rank a token. A
-rank reads its next batch's rows only after its token, so every rank reads the table the last
-boundary left, and a dynamic table trains exactly as in one process.
+there (the optimizer's row rule, admission, eviction). A rank reads its next batch's rows only
+once the boundary took its push, so every rank reads the table the last boundary left, and a
+dynamic table trains exactly as in one process.
 
 Where a server's shards are compiled (dynamic/compiled.py), a rank's reads there are one op,
-its push one op and rank 0's boundary one op for all of them; other shards push into an
-accumulator each and end the step in standard ops.
+its push one op and rank 0's boundary one op for all of them, and the read itself waits for the
+boundary; other shards push into an accumulator each and end the step in standard ops, and
+rank 0 then hands every other rank a token that its step waits for.
 
 Every tensor crossing between tasks is a RecvTensor call of its own, so a rank's messages to
 one server are packed, however many tables and shards live there (as rewriters/shared/
@@ -41,8 +42,7 @@ class DynamicTablesStep:
         self.lower_bound: list = []
         found = table_lib.lookups(rebuilt.loss.graph)
         self.messages: Dict[str, tuple] = {}            # server -> (the reads' message, the shards it reads)
-        moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes,
-                            self.messages)
+        moved = _pack_reads([read for look in found for read in look.reads], self.topo, self.messages)
         if found:
             self._build(rebuilt, found, moved)
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
@@ -95,6 +95,8 @@ class DynamicTablesStep:
                         ids_message = compiled.message([item[1] for item in items])
                     self.push_on[device] = compiled.push(shards, ids_message, flat, self.topo.rank, self.topo.size)
                 else:
+                    if device in self.messages:
+                        raise AssertionError(f"the fused reads on {device} would wait for a compiled push there")
                     widths = [int(item[2].shape[1]) for item in items]
                     sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
                     pieces = tf.split(flat, sizes, num=len(items))
@@ -161,23 +163,36 @@ class DynamicTablesStep:
     def active(self) -> bool:
         return bool(self.pushes)
 
+    @property
+    def _tokens(self) -> bool:
+        """Whether a server ends the step in standard ops, whose reads do not wait for it."""
+        return any(device not in self.fused for device in self.push_on)
+
     def targets(self) -> list:
-        """What this rank's step adds: rank 0, the boundaries and then every other rank's token;
-        another rank, its pushes and the wait for its token."""
+        """What this rank's step adds: rank 0, the boundaries (and then every other rank's
+        token); another rank, its pushes (and the wait for its token)."""
         topo = self.topo
         if topo.is_chief:
-            with tf.control_dependencies(self.boundaries):
-                released = [_token_queue(rank, topo).enqueue(tf.zeros([1], tf.float64)) for rank in range(1, topo.size)]
+            released = []
+            if self._tokens:
+                with tf.control_dependencies(self.boundaries):
+                    released = [_token_queue(rank, topo).enqueue(tf.zeros([1], tf.float64))
+                                for rank in range(1, topo.size)]
             return [tf.group(*self.boundaries, *released)]
+        if not self._tokens:
+            return list(self.pushes)
         with tf.control_dependencies(self.pushes):
             token = _token_queue(topo.rank, topo).dequeue()
         return self.pushes + [token.op]
 
 
-def _pack_reads(reads: List["table_lib.ShardRead"], remote, messages: Dict[str, tuple]) -> list:
+def _pack_reads(reads: List["table_lib.ShardRead"], topo, messages: Dict[str, tuple]) -> list:
     """Rewires the reads of each server (and dtype) into one message of ids and one of rows;
     sets every read's ids_on_server and, per server whose reads are fused, `messages` (the
-    message, the shards it reads in order). Returns the bytes that cross, per message."""
+    message, the shards it reads in order). A fused read waits for the boundary of this rank's
+    last push there (the step pushes to exactly the shards it read); so does the export of
+    those shards' state (compiled.settle). Returns the bytes that cross, per message."""
+    remote = topo.crosses_processes
     by_device: Dict[tuple, list] = {}
     for read in reads:
         read.ids_on_server = read.ids
@@ -191,8 +206,9 @@ def _pack_reads(reads: List["table_lib.ShardRead"], remote, messages: Dict[str, 
                 on_server = tf.split(sent[len(group):], sent[:len(group)], num=len(group))
                 shards = [read.shard for read in group]
                 if compiled.fusable(shards):        # one op for the whole message
-                    packed = compiled.read_many(shards, sent)
+                    packed = compiled.read_many(shards, sent, topo.rank, topo.size)
                     messages[device] = (sent, shards)
+                    compiled.settle(shards, topo.rank, topo.size)
                 else:
                     packed = tf.concat([tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)], 0)
             widths = tf.constant([read.shard.options.dim for read in group], tf.int64)
