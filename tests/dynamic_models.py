@@ -40,15 +40,21 @@ def global_batch(size: int, step: int, strings: bool = False):
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def model_fn(optimizer: str, strings: bool = False, twice: bool = False, **table_options):
+def model_fn(optimizer: str, strings: bool = False, twice: bool = False, mixed: bool = False, **table_options):
     """Model(loss, optimizer) over a dynamic table `emb` and one dense layer `dense`. `twice`:
-    the table is read by two lookups (the first two features, then the third): the same model."""
+    the table is read by two lookups (the first two features, then the third): the same model.
+    `mixed`: the third feature reads a second table, `side`, whose law only standard ops compute
+    (its shards end the step in standard ops beside `emb`'s compiled ones on the same servers)."""
     def build():
         ids = tf.compat.v1.placeholder(tf.string if strings else tf.int64, [None, FEATURES], name="ids")
         y = tf.compat.v1.placeholder(tf.float32, [None], name="y")
         table = dynamic.DynamicEmbedding("emb", DIM, **_table_options(table_options))
-        rows = table.lookup(ids) if not twice else \
-            tf.concat([table.lookup(ids[:, :2]), table.lookup(ids[:, 2:])], 1)    # [batch, features, dim]
+        if mixed:
+            side = dynamic.DynamicEmbedding("side", DIM, initializer=dynamic.normal(0.2))
+            rows = tf.concat([table.lookup(ids[:, :2]), side.lookup(ids[:, 2:])], 1)
+        else:
+            rows = table.lookup(ids) if not twice else \
+                tf.concat([table.lookup(ids[:, :2]), table.lookup(ids[:, 2:])], 1)    # [batch, features, dim]
         dense = tf.compat.v1.get_variable("dense", initializer=tf.constant([[0.3], [-0.2], [0.1]]))
         pred = tf.reshape(tf.matmul(tf.reduce_sum(rows, 1), dense), [-1])
         loss = tf.reduce_mean(tf.square(pred - y))
@@ -75,15 +81,15 @@ def exported_admit_evict():
     return model_fn("adagrad", admit_after=2, evict_after_steps=3)
 
 
-def single_process(optimizer: str, size: int, steps: int, strings: bool = False, **table_options):
-    """Plain TensorFlow in this process on the global batches: (losses, the table's arrays,
+def single_process(optimizer: str, size: int, steps: int, strings: bool = False, mixed: bool = False,
+                   **table_options):
+    """Plain TensorFlow in this process on the global batches: (losses, the tables' arrays,
     dense's value)."""
     graph = tf.Graph()
     with graph.as_default():
-        model = model_fn(optimizer, strings, **table_options)()
+        model = model_fn(optimizer, strings, mixed=mixed, **table_options)()
         train = tf.group(model.optimizer.minimize(model.loss), dynamic.step(model.loss, model.optimizer))
-        table = dynamic.tables(graph)[0]
-        state = DynamicState([table])
+        state = DynamicState(dynamic.tables(graph))
         ids, y = graph.get_tensor_by_name("ids:0"), graph.get_tensor_by_name("y:0")
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())

@@ -37,6 +37,8 @@ THREE_RANKS = [
     ("ps_ftrl", "ps", "ftrl", {}, []),
     ("auto_adam_capacity", "auto", "adam", {"admit_after": 2, "evict_after_steps": 3, "capacity": 8},
      ["--partitions=3"]),
+    # a compiled table and one the standard ops end on the same servers: routed reads and tokens
+    ("hybrid_momentum_mixed", "hybrid", "momentum", {"admit_after": 2}, ["--partitions=2", "--mixed=true"]),
 ]
 
 
@@ -67,8 +69,8 @@ def _job(size, runs, out, extra=(), timeout=400):
     return proc
 
 
-def _assert_as_one_process(out, name, size, optimizer, table, strings=False, steps=STEPS):
-    losses, arrays, dense = dynamic_models.single_process(optimizer, size, steps, strings, **table)
+def _assert_as_one_process(out, name, size, optimizer, table, strings=False, steps=STEPS, mixed=False):
+    losses, arrays, dense = dynamic_models.single_process(optimizer, size, steps, strings, mixed, **table)
     tol = 1e-4 if optimizer == "adam" else 1e-5
     for rank in range(size):
         got = np.load(os.path.join(out, f"{name}.rank{rank}.npz"))
@@ -91,15 +93,20 @@ def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
         out = tempfile.mkdtemp(prefix="ptf-dynamic-")
         _job(size, _runs(cases, out), out)
     for name, strategy, optimizer, table, flags in cases:
-        arrays = _assert_as_one_process(out, name, size, optimizer, table, "--strings=true" in flags)
+        arrays = _assert_as_one_process(out, name, size, optimizer, table, "--strings=true" in flags,
+                                        mixed="--mixed=true" in flags)
+        if "--mixed=true" in flags:
+            assert len(arrays["side/ids"]) > 0
         assert len(arrays["emb/ids"]) > 0
         if table.get("capacity"):
             assert len(arrays["emb/ids"]) <= table["capacity"] and arrays["emb/clock"][2] > 0   # some evicted
         saved = np.load(os.path.join(out, f"{name}.rank0.npz"))
         assert "dynamic table emb: dim 3 float32" in str(saved["plan"])
-        clock = arrays["emb/clock"]
-        assert f"'dynamic_tables': {{'emb': {{'rows': {len(arrays['emb/ids'])}, 'admitted': {clock[1]}, " \
-               f"'evicted': {clock[2]}}}}}" in str(saved["extras"])
+        assert "'dynamic_tables': {'emb': {" in str(saved["extras"])
+        for table_name in ("emb", "side") if "--mixed=true" in flags else ("emb",):
+            clock = arrays[f"{table_name}/clock"]
+            assert f"'{table_name}': {{'rows': {len(arrays[f'{table_name}/ids'])}, 'admitted': {clock[1]}, " \
+                   f"'evicted': {clock[2]}}}" in str(saved["extras"])
 
 
 def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():

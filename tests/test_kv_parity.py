@@ -12,6 +12,7 @@ from parallax_tf import dynamic
 from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import ids as id_lib
 from parallax_tf.dynamic import initializers
+from parallax_tf.dynamic import routes
 from parallax_tf.dynamic import table as table_lib
 from parallax_tf.dynamic.compiled import CompiledShard
 from parallax_tf.dynamic.rules import rule_for
@@ -264,3 +265,41 @@ def test_a_ranks_read_waits_for_the_boundary_of_its_push_and_then_reads_its_rows
             waiting.join(30)
             # sgd 0.1 on the mean of the ranks' gradients (0.2, 0.4)
             np.testing.assert_allclose(done, [[0.5 - 0.1 * 0.2, 0.5 - 0.1 * 0.4]], rtol=1e-6)
+
+
+def test_one_op_routes_every_entrys_ids_to_their_servers_and_one_gathers_the_answers_back():
+    """routes.Route against standard ops: each entry's ids split by owner (ids.owner) into one
+    message per server, entry after entry and shard after shard (three shards on two servers,
+    two entries on one table, an empty entry); rows spread the same way; the answers gathered
+    back in each entry's order."""
+    class Placed:
+        def __init__(self, device):
+            self.device = device
+
+    servers = ["/job:ps/task:0", "/job:ps/task:1"]
+    tables = [[Placed(servers[k % 2]) for k in range(3)], [Placed(servers[1])], [Placed(s) for s in servers]]
+    entries = [tables[0], tables[1], tables[0], tables[2]]
+    widths = [2, 3, 2, 1]
+    rng = np.random.RandomState(3)
+    given = [rng.randint(-2 ** 62, 2 ** 62, n).astype(np.int64) for n in (9, 4, 0, 7)]
+    route = routes.Route(entries)
+    assert route.devices == servers
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = [tf.constant(i, tf.int64) for i in given]
+        rows = [tf.constant(rng.normal(size=(len(i), w)).astype(np.float32)) for i, w in zip(given, widths)]
+        messages, flats = route.messages(ids), route.spread(ids, rows)
+        owners = [id_lib.owner(i, len(entry)) for i, entry in zip(ids, entries)]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            got_messages, got_flats, owner_of, want_rows = sess.run([messages, flats, owners, rows])
+            back = sess.run(route.gather(ids, flats, widths))
+    for server in servers:
+        parts = [(e, k) for e, entry in enumerate(entries) for k, shard in enumerate(entry) if shard.device == server]
+        counts = [int(np.sum(owner_of[e] == k)) for e, k in parts]
+        want_ids = [given[e][owner_of[e] == k] for e, k in parts]
+        np.testing.assert_array_equal(got_messages[server], np.concatenate([counts] + want_ids).astype(np.int64))
+        want_flat = np.concatenate([want_rows[e][owner_of[e] == k].reshape(-1) for e, k in parts])
+        np.testing.assert_array_equal(got_flats[server], want_flat)
+    for e in range(len(entries)):
+        np.testing.assert_array_equal(back[e], want_rows[e])
+    assert sum(len(m) for m in got_messages.values()) == sum(len(i) for i in given) + 9     # a count a part

@@ -36,8 +36,9 @@ _DEFERRED = [False]                              # their reads are left to the s
 @contextlib.contextmanager
 def sharded_over(devices: Sequence[str], deferred: bool = False):
     """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host). With
-    `deferred`, a lookup's shard reads are stand-ins of the right shape that the step replaces
-    by its own reads (ShardRead.deferred), so no read is built twice."""
+    `deferred`, a lookup's reads are stand-ins of the right shape that the step replaces by its
+    own reads, so no read is built twice: its rows' (Lookup.stand_in) where the table's shards
+    compile, else each shard read's (ShardRead.deferred)."""
     global _SHARD_DEVICES
     before, _SHARD_DEVICES = _SHARD_DEVICES, list(devices)
     deferred_before, _DEFERRED[0] = _DEFERRED[0], deferred
@@ -74,19 +75,26 @@ class ShardRead:
 def _read_or_defer(shard, ids, where) -> ShardRead:
     if not _DEFERRED[0]:
         return ShardRead(shard, ids, where, shard.read(ids))
-    stand_in = tf.zeros_like(ids, shard.options.dtype)[:, None] + tf.zeros([shard.options.dim], shard.options.dtype)
-    return ShardRead(shard, ids, where, stand_in, deferred=True)
+    return ShardRead(shard, ids, where, _stand_in(ids, shard.options), deferred=True)
+
+
+def _stand_in(ids, options: TableOptions) -> tf.Tensor:
+    """[len(ids), dim] zeros standing in for rows the step reads."""
+    return tf.zeros_like(ids, options.dtype)[:, None] + tf.zeros([options.dim], options.dtype)
 
 
 @dataclasses.dataclass
 class Lookup:
     """One lookup's read: its distinct ids, their rows (what the gradient is taken against), how
-    often each occurs in the batch, and what it asked each shard."""
+    often each occurs in the batch, and what it asked each shard; or, for a table whose shards
+    compile, the stand-in for its rows that the step replaces by one routed read of every such
+    lookup (dynamic/routes.py)."""
     table: "DynamicEmbedding"
     ids: tf.Tensor
     rows: tf.Tensor
     counts: tf.Tensor
     reads: List[ShardRead] = dataclasses.field(default_factory=list)
+    stand_in: Optional[tf.Tensor] = None
 
 
 class DynamicEmbedding:
@@ -152,7 +160,11 @@ class DynamicEmbedding:
         if self.served is not None:
             return self.served.read(distinct), position
         counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.int64), position, tf.size(distinct))
-        if len(self.shards) == 1:
+        stand_in = None
+        if _DEFERRED[0] and compiled.fusable(self.shards):
+            stand_in = _stand_in(distinct, self.options)
+            rows, reads = stand_in, []
+        elif len(self.shards) == 1:
             reads = [_read_or_defer(self.shards[0], distinct, None)]
             rows = reads[0].rows
         else:
@@ -162,7 +174,8 @@ class DynamicEmbedding:
             reads = [_read_or_defer(shard, part, at) for shard, part, at in zip(self.shards, parts, where)]
             rows = tf.dynamic_stitch(where, [read.rows for read in reads])
         rows = tf.identity(rows, name="rows")
-        _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts, reads))
+        _registry(tf.compat.v1.get_default_graph())["lookups"].append(Lookup(self, distinct, rows, counts, reads,
+                                                                             stand_in))
         return rows, position
 
     def rule(self, model_optimizer=None):

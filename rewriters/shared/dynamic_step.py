@@ -5,16 +5,17 @@ there (the optimizer's row rule, admission, eviction). A rank reads its next bat
 once the boundary took its push, so every rank reads the table the last boundary left, and a
 dynamic table trains exactly as in one process.
 
-Where a server's shards are compiled (dynamic/compiled.py), a rank's reads there are one op,
-its push one op and rank 0's boundary one op for all of them, and the read itself waits for the
-boundary; other shards push into an accumulator each and end the step in standard ops, and
-rank 0 then hands every other rank a token that its step waits for.
+Tables whose shards compile (dynamic/compiled.py) are routed together (dynamic/routes.py): one
+op on the rank splits every lookup's ids into one message per server, where one op answers
+it and waits for the boundary of this rank's last push itself; one op gathers the answers
+into each lookup's rows; one op spreads the gradients into one push per server, on the reads'
+message when each table was read once; rank 0's boundary is one op per server. Other tables
+read shard by shard, push into an accumulator per shard and end the step in standard ops; rank
+0 then hands every other rank a token its step waits for.
 
 Every tensor crossing between tasks is a RecvTensor call of its own, so a rank's messages to
 one server are packed, however many tables and shards live there (as rewriters/shared/
-ps_packing.py packs the PS route's): one message of ids and one of rows per server for the
-reads, one of gradients for the pushes (a table read by one lookup pushes onto the ids the
-server already received), one per server for rank 0's counters."""
+ps_packing.py packs the PS route's)."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -22,6 +23,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from parallax_tf.dynamic import compiled
+from parallax_tf.dynamic import routes
 from parallax_tf.dynamic import table as table_lib
 from rewriters.shared.step_report import tensor_bytes
 from rewriters.shared.transform import rewire
@@ -30,89 +32,121 @@ NEVER_STALE = 2 ** 62     # every push's time step: see rewriters/shared/ps_rout
 
 
 class DynamicTablesStep:
-    """Builds the pushes on every rank and, on rank 0, the boundaries and the tokens."""
+    """Builds the reads and pushes on every rank and, on rank 0, the boundaries (and tokens)."""
 
     def __init__(self, request, rebuilt):
         self.topo = request.topology
         self.pushes: List[tf.Operation] = []
-        self.push_on: Dict[str, tf.Operation] = {}      # server -> this rank's push there
-        self.fused: Dict[str, list] = {}                # server -> its shards, pushed to in one compiled op
+        self.push_on: Dict[str, tf.Operation] = {}      # server -> this rank's pushes into its accumulators
+        self.routed_push: Dict[str, tf.Operation] = {}  # server -> this rank's compiled push there
+        self.fused: Dict[str, list] = {}                # server -> the shards of its compiled push, in order
         self.boundaries: List[tf.Operation] = []
         self.counters: Dict[str, tf.Tensor] = {}
         self.lower_bound: list = []
         found = table_lib.lookups(rebuilt.loss.graph)
-        self.messages: Dict[str, tuple] = {}            # server -> (the reads' message, the shards it reads)
-        moved = _pack_reads([read for look in found for read in look.reads], self.topo, self.messages)
+        routed = [look for look in found if look.stand_in is not None]
+        moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes)
+        self.read_messages = self._route_reads(routed, moved) if routed else {}
         if found:
             self._build(rebuilt, found, moved)
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
+
+    def _route_reads(self, routed, moved: list) -> Dict[str, tf.Tensor]:
+        """Every routed lookup's rows through one message per server; a server's read waits for
+        the boundary of this rank's last push there, and so do its exports (compiled.settle).
+        Returns the messages."""
+        topo = self.topo
+        route = routes.Route([look.table.shards for look in routed])
+        ids = [look.ids for look in routed]
+        sent = route.messages(ids)
+        answers = {}
+        for device in route.devices:
+            shards = route.shards_on(device)
+            with tf.device(device):
+                answers[device] = compiled.read_many(shards, sent[device], topo.rank, topo.size)
+            compiled.settle(shards, topo.rank, topo.size)
+            if topo.crosses_processes(device):
+                moved += [tensor_bytes(sent[device]), tensor_bytes(answers[device])]
+        for look, rows in zip(routed, route.gather(ids, answers, [look.table.dim for look in routed])):
+            rewire(look.stand_in, rows, set(look.stand_in.consumers()))
+        return sent
 
     def _build(self, rebuilt, found, moved: list) -> None:
         model_optimizer = table_lib.model_optimizer(rebuilt.training.applies)
         grads = dict(zip((id(look) for look in found), _row_gradients(rebuilt, [look.rows for look in found])))
         sent = []            # (shard, ids as its device sees them, payload on the worker, reads to wait for,
                              # whether the ids cross again)
+        routed = []          # (table, its pushed ids, payload, whether the ids are one lookup's)
         for table in table_lib.tables(rebuilt.loss.graph):
             mine = [look for look in found if look.table is table]
             if not mine:
                 continue
             for shard in table.shards:      # every rank knows the slots: its results and checkpoints read them
                 shard.with_slots(table.rule(model_optimizer).slots)
-            reads = [look.rows.op for look in mine]
-            if len(mine) == 1:              # the ids its reads sent: the server has them already
+            if len(mine) == 1:
                 look = mine[0]
-                payload = _payload(_dense(grads[id(look)], look.rows), look.counts)
-                for read in look.reads:
-                    part = payload if read.where is None else tf.gather(payload, read.where)
-                    sent.append((read.shard, read.ids_on_server, part, reads, False))
+                ids, payload = look.ids, _payload(_dense(grads[id(look)], look.rows), look.counts)
             else:
-                distinct, summed, counts = table_lib.merged([(look, grads[id(look)]) for look in mine])
-                for shard, (ids, part) in zip(table.shards, table_lib.partition(
-                        distinct, [_payload(summed, counts)], len(table.shards))):
-                    sent.append((shard, ids, part, reads, True))
+                ids, summed, counts = table_lib.merged([(look, grads[id(look)]) for look in mine])
+                payload = _payload(summed, counts)
+            if mine[0].stand_in is not None:
+                routed.append((table, ids, payload, len(mine) == 1))
+            elif len(mine) == 1:            # the ids its reads sent: the server has them already
+                for read in mine[0].reads:
+                    part = payload if read.where is None else tf.gather(payload, read.where)
+                    sent.append((read.shard, read.ids_on_server, part, [mine[0].rows.op], False))
+            else:
+                for shard, (part_ids, part) in zip(table.shards, table_lib.partition(ids, [payload],
+                                                                                     len(table.shards))):
+                    sent.append((shard, part_ids, part, [look.rows.op for look in mine], True))
         self._push(sent, moved)
+        if routed:
+            self._push_routed(routed, found, moved)
         if self.topo.is_chief:
             self._boundaries(found, model_optimizer)
 
     def _push(self, sent, moved: list) -> None:
-        """Per server, every payload in one message: one compiled push where the server's shards
-        are compiled, else split there into each shard's accumulator."""
+        """Per server, every payload into its shard's accumulator, in one message."""
         by_device: Dict[str, list] = {}
         for item in sent:
             by_device.setdefault(item[0].device, []).append(item)
         for device, items in sorted(by_device.items(), key=lambda kv: str(kv[0])):
-            items, ids_message = self._in_message_order(device, items)
             with tf.control_dependencies([op for item in items for op in item[3]]):
                 flat = tf.concat([tf.reshape(item[2], [-1]) for item in items], 0)
             if self.topo.crosses_processes(device):
                 moved.append(tensor_bytes(flat))
-                moved.extend(tensor_bytes(ids) for _, ids, _, _, crossing in items if crossing)
-            shards = [item[0] for item in items]
+                moved.extend(tensor_bytes(item[1]) for item in items if item[4])
             with tf.device(device):
-                if compiled.fusable(shards) and len({id(shard) for shard in shards}) == len(shards):
-                    self.fused[device] = shards
-                    if ids_message is None:     # made on the server from the ids it holds
-                        ids_message = compiled.message([item[1] for item in items])
-                    self.push_on[device] = compiled.push(shards, ids_message, flat, self.topo.rank, self.topo.size)
-                else:
-                    if device in self.messages:
-                        raise AssertionError(f"the fused reads on {device} would wait for a compiled push there")
-                    widths = [int(item[2].shape[1]) for item in items]
-                    sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
-                    pieces = tf.split(flat, sizes, num=len(items))
-                    self.push_on[device] = tf.group(*[
-                        _push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
-                        for item, piece, width in zip(items, pieces, widths)])
-                self.pushes.append(self.push_on[device])
+                widths = [int(item[2].shape[1]) for item in items]
+                sizes = tf.stack([tf.size(item[1]) * width for item, width in zip(items, widths)])
+                pieces = tf.split(flat, sizes, num=len(items))
+                self.push_on[device] = tf.group(*[
+                    _push(_accumulator(item[0], width, piece.dtype), item[1], tf.reshape(piece, [-1, width]))
+                    for item, piece, width in zip(items, pieces, widths)])
+            self.pushes.append(self.push_on[device])
 
-    def _in_message_order(self, device, items) -> tuple:
-        """(`items`, None), or, when they push onto exactly the ids of the server's read message
-        (nothing more crosses), (`items` in its order, that message)."""
-        sent, read_shards = self.messages.get(device, (None, []))
-        at = {id(shard): k for k, shard in enumerate(read_shards)}
-        if any(item[4] for item in items) or sorted(at.get(id(item[0]), -1) for item in items) != list(range(len(at))):
-            return items, None
-        return sorted(items, key=lambda item: at[id(item[0])]), sent
+    def _push_routed(self, routed, found, moved: list) -> None:
+        """One compiled push per server for every routed table, its payload spread in one op; its
+        ids the reads' messages when every routed table was read by one lookup, in their order."""
+        topo = self.topo
+        on_read_messages = all(single for _, _, _, single in routed)
+        if on_read_messages:                # the entries in the reads' order, their ids the lookups'
+            at = {id(look.table): k for k, look in enumerate(look for look in found if look.stand_in is not None)}
+            routed = sorted(routed, key=lambda item: at[id(item[0])])
+        route = routes.Route([table.shards for table, _, _, _ in routed])
+        ids = [item[1] for item in routed]
+        flats = route.spread(ids, [item[2] for item in routed])
+        messages = self.read_messages if on_read_messages else route.messages(ids)
+        for device in route.devices:
+            shards = route.shards_on(device)
+            if topo.crosses_processes(device):
+                moved.append(tensor_bytes(flats[device]))
+                if not on_read_messages:
+                    moved.append(tensor_bytes(messages[device]))
+            with tf.device(device):
+                self.routed_push[device] = compiled.push(shards, messages[device], flats[device], topo.rank, topo.size)
+            self.fused[device] = shards
+            self.pushes.append(self.routed_push[device])
 
     def _boundaries(self, found, model_optimizer) -> None:
         """Rank 0: every shard takes every rank's push and ends the step (one compiled op per
@@ -125,26 +159,29 @@ class DynamicTablesStep:
         rules = {table.name: table.rule(model_optimizer) for table in trained}
         fused = {}
         for device, shards in self.fused.items():
-            with tf.device(device), tf.control_dependencies([self.push_on[device]]):
+            with tf.device(device), tf.control_dependencies([self.routed_push[device]]):
                 fused[device] = compiled.boundary_many(shards, [rules[shard.name] for shard in shards], size)
+        compiled_shards = {id(shard) for shards in self.fused.values() for shard in shards}
         ended_on: Dict[str, list] = {}
         for table in trained:
-            boundaries = [fused[shard.device] if shard.device in fused else
+            boundaries = [fused[shard.device] if id(shard) in compiled_shards else
                           self._taken_boundary(shard, rules[table.name]) for shard in table.shards]
             ended = table.end_step(boundaries)
             for shard in table.shards:
                 ended_on.setdefault(shard.device, []).append(ended)
         for device in sorted(ended_on, key=str):
-            shards = self.fused.get(device) or [shard for table in trained for shard in table.shards
-                                                if shard.device == device]
+            others = [shard for table in trained for shard in table.shards
+                      if shard.device == device and id(shard) not in compiled_shards]
             with tf.device(device):
                 self.boundaries.append(tf.group(*ended_on[device]))
-                with tf.control_dependencies(ended_on[device]):
-                    packed = compiled.counters_many(shards) if device in self.fused else \
-                        tf.stack([shard.counters() for shard in shards])
-            packed.set_shape([len(shards), 4])
-            for shard, row in zip(shards, tf.unstack(packed)):     # rows, admitted, evicted
-                self.counters[shard.name] = self.counters.get(shard.name, 0) + tf.gather(row, [0, 2, 3])
+                with tf.control_dependencies(ended_on[device]):    # the compiled push's shards in one op
+                    counted = [(shards, count(shards)) for shards, count in (
+                        (self.fused.get(device, []), compiled.counters_many),
+                        (others, lambda s: tf.stack([shard.counters() for shard in s]))) if shards]
+            for shards, packed in counted:
+                packed.set_shape([len(shards), 4])
+                for shard, row in zip(shards, tf.unstack(packed)):     # rows, admitted, evicted
+                    self.counters[shard.name] = self.counters.get(shard.name, 0) + tf.gather(row, [0, 2, 3])
 
     def _taken_boundary(self, shard, rule) -> tf.Operation:
         """A shard's boundary on what its accumulator took from every rank."""
@@ -166,7 +203,7 @@ class DynamicTablesStep:
     @property
     def _tokens(self) -> bool:
         """Whether a server ends the step in standard ops, whose reads do not wait for it."""
-        return any(device not in self.fused for device in self.push_on)
+        return bool(self.push_on)
 
     def targets(self) -> list:
         """What this rank's step adds: rank 0, the boundaries (and then every other rank's
@@ -186,13 +223,9 @@ class DynamicTablesStep:
         return self.pushes + [token.op]
 
 
-def _pack_reads(reads: List["table_lib.ShardRead"], topo, messages: Dict[str, tuple]) -> list:
-    """Rewires the reads of each server (and dtype) into one message of ids and one of rows;
-    sets every read's ids_on_server and, per server whose reads are fused, `messages` (the
-    message, the shards it reads in order). A fused read waits for the boundary of this rank's
-    last push there (the step pushes to exactly the shards it read); so does the export of
-    those shards' state (compiled.settle). Returns the bytes that cross, per message."""
-    remote = topo.crosses_processes
+def _pack_reads(reads: List["table_lib.ShardRead"], remote) -> list:
+    """Rewires the shard reads of each server (and dtype) into one message of ids and one of
+    rows; sets every read's ids_on_server. Returns the bytes that cross, per message."""
     by_device: Dict[tuple, list] = {}
     for read in reads:
         read.ids_on_server = read.ids
@@ -204,13 +237,7 @@ def _pack_reads(reads: List["table_lib.ShardRead"], topo, messages: Dict[str, tu
             sent = tf.concat([counts] + [read.ids for read in group], 0)
             with tf.device(device):
                 on_server = tf.split(sent[len(group):], sent[:len(group)], num=len(group))
-                shards = [read.shard for read in group]
-                if compiled.fusable(shards):        # one op for the whole message
-                    packed = compiled.read_many(shards, sent, topo.rank, topo.size)
-                    messages[device] = (sent, shards)
-                    compiled.settle(shards, topo.rank, topo.size)
-                else:
-                    packed = tf.concat([tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)], 0)
+                packed = tf.concat([tf.reshape(read.shard.read(ids), [-1]) for read, ids in zip(group, on_server)], 0)
             widths = tf.constant([read.shard.options.dim for read in group], tf.int64)
             for read, ids, piece in zip(group, on_server, tf.split(packed, counts * widths, num=len(group))):
                 new = tf.reshape(piece, [-1, read.shard.options.dim])

@@ -17,6 +17,7 @@ flags.DEFINE_string("optimizer", "adagrad", "a name from tests/dynamic_models.py
 flags.DEFINE_string("table", "{}", "DynamicEmbedding's options, as JSON")
 flags.DEFINE_bool("strings", False, "string ids")
 flags.DEFINE_bool("twice", False, "the table read by two lookups (tests/dynamic_models.py)")
+flags.DEFINE_bool("mixed", False, "a second table whose law only standard ops compute (tests/dynamic_models.py)")
 flags.DEFINE_string("name", "run", "the result file's name")
 flags.DEFINE_string("out", None, "directory for the per-rank results")
 flags.DEFINE_string("runs", None, "runs made one after another (tests/jobs/several_runs.py)")
@@ -40,7 +41,8 @@ def train():
             os.kill(os.getpid(), 9)
         feed = dynamic_models.batch(ctx.rank, ctx.step, FLAGS.strings)
         return feed
-    model_fn = dynamic_models.model_fn(FLAGS.optimizer, FLAGS.strings, FLAGS.twice, **json.loads(FLAGS.table))
+    model_fn = dynamic_models.model_fn(FLAGS.optimizer, FLAGS.strings, FLAGS.twice, FLAGS.mixed,
+                                       **json.loads(FLAGS.table))
     result = ptf.run(model_fn, input_fn)
     arrays = {f"var:{k}": v for k, v in result.variables.items()}
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
