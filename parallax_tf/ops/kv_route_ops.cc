@@ -38,6 +38,9 @@ struct Part {
   int64_t entry, shard;
 };
 
+// Per entry and shard, the positions of the entry's ids that shard owns, ascending.
+using Owned = std::vector<std::vector<std::vector<int64_t>>>;
+
 // Where every entry's shards live, from the ops' attrs.
 struct Routing {
   std::vector<int64_t> shards;                // per entry
@@ -68,8 +71,7 @@ struct Routing {
     return absl::OkStatus();
   }
 
-  // Per entry and shard, the positions of the ids that shard owns, ascending.
-  absl::Status Split(const OpInputList& ids, const char* op, std::vector<std::vector<std::vector<int64_t>>>* at) const {
+  absl::Status Split(const OpInputList& ids, const char* op, Owned* at) const {
     if (ids.size() != static_cast<int>(shards.size()))
       return Invalid(op, ": ", ids.size(), " id vectors for ", shards.size(), " entries");
     at->assign(shards.size(), {});
@@ -82,6 +84,13 @@ struct Routing {
     }
     return absl::OkStatus();
   }
+
+  // The floats of server h's rows (the row ops).
+  int64_t Floats(size_t h, const Owned& at) const {
+    int64_t size = 0;
+    for (const Part& p : parts[h]) size += static_cast<int64_t>(at[p.entry][p.shard].size()) * widths[p.entry];
+    return size;
+  }
 };
 
 class KvRouteOp : public OpKernel {
@@ -93,7 +102,7 @@ class KvRouteOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     OpInputList ids;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-    std::vector<std::vector<std::vector<int64_t>>> at;
+    Owned at;
     OP_REQUIRES_OK(ctx, routing_.Split(ids, "ParallaxKvRoute", &at));
     OpOutputList messages;
     OP_REQUIRES_OK(ctx, ctx->output_list("messages", &messages));
@@ -126,7 +135,7 @@ class KvSpreadRowsOp : public OpKernel {
     OpInputList ids, rows;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
     OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
-    std::vector<std::vector<std::vector<int64_t>>> at;
+    Owned at;
     OP_REQUIRES_OK(ctx, routing_.Split(ids, "ParallaxKvSpreadRows", &at));
     for (int e = 0; e < rows.size(); ++e) {
       const int64_t w = routing_.widths[e];
@@ -137,11 +146,8 @@ class KvSpreadRowsOp : public OpKernel {
     OpOutputList flats;
     OP_REQUIRES_OK(ctx, ctx->output_list("flats", &flats));
     for (size_t h = 0; h < routing_.parts.size(); ++h) {
-      int64_t size = 0;
-      for (const Part& p : routing_.parts[h])
-        size += static_cast<int64_t>(at[p.entry][p.shard].size()) * routing_.widths[p.entry];
       Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, flats.allocate(h, TensorShape({size}), &out));
+      OP_REQUIRES_OK(ctx, flats.allocate(h, TensorShape({routing_.Floats(h, at)}), &out));
       float* f = out->flat<float>().data();
       for (const Part& p : routing_.parts[h]) {
         const int64_t w = routing_.widths[p.entry];
@@ -167,7 +173,7 @@ class KvGatherRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("flats", &flats));
     OP_REQUIRES(ctx, flats.size() == static_cast<int>(routing_.parts.size()),
                 Invalid("ParallaxKvGatherRows: ", flats.size(), " answers for ", routing_.parts.size(), " servers"));
-    std::vector<std::vector<std::vector<int64_t>>> at;
+    Owned at;
     OP_REQUIRES_OK(ctx, routing_.Split(ids, "ParallaxKvGatherRows", &at));
     OpOutputList rows;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
@@ -178,9 +184,7 @@ class KvGatherRowsOp : public OpKernel {
       out[e] = t->flat<float>().data();
     }
     for (size_t h = 0; h < routing_.parts.size(); ++h) {
-      int64_t size = 0;
-      for (const Part& p : routing_.parts[h])
-        size += static_cast<int64_t>(at[p.entry][p.shard].size()) * routing_.widths[p.entry];
+      const int64_t size = routing_.Floats(h, at);
       OP_REQUIRES(ctx, flats[h].dims() == 1 && flats[h].NumElements() == size,
                   Invalid("ParallaxKvGatherRows: server ", h, " answered ", flats[h].NumElements(),
                           " floats; its ids ask for ", size));
