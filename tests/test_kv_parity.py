@@ -241,21 +241,28 @@ def test_a_boundary_whose_pushes_never_all_come_ends_at_the_steps_deadline():
 def test_a_ranks_read_waits_for_the_boundary_of_its_push_and_then_reads_its_rows():
     """read_many with a rank waits, without holding the session's thread, until boundary_many
     applied that rank's last push; a read that no boundary releases ends at the step's deadline.
-    A rank that has not pushed reads at once."""
+    A rank that has not pushed reads at once. The shard's export waits as the read of the rank
+    that settled it (compiled.settle) does."""
     graph = tf.Graph()
     with graph.as_default():
-        shard = CompiledShard("t", 0, None, TableOptions(dim=2, dtype=tf.float32, initializer=id_lib.constant(0.5),
-                                                         seed=1, admit_after=1, evict_after_steps=None))
+        shard = CompiledShard("t", 0, "/cpu:0", TableOptions(dim=2, dtype=tf.float32, seed=1,
+                                                             initializer=id_lib.constant(0.5), admit_after=1,
+                                                             evict_after_steps=None))
         ids = compiled.message([tf.constant([3], tf.int64)])
-        pushes = [compiled.push([shard], ids, tf.constant([0.2, 0.4, 1.0]), rank, 2) for rank in range(2)]
-        boundary = compiled.boundary_many([shard], [rule_for(OPTIMIZERS["sgd"]())], 2)
-        reads = [compiled.read_many([shard], ids, rank, 2) for rank in range(2)]
+        with tf.device("/cpu:0"):
+            pushes = [compiled.push([shard], ids, tf.constant([0.2, 0.4, 1.0]), rank, 2) for rank in range(2)]
+            boundary = compiled.boundary_many([shard], [rule_for(OPTIMIZERS["sgd"]())], 2)
+            reads = [compiled.read_many([shard], ids, rank, 2) for rank in range(2)]
+        compiled.settle([shard], 1, 2)
+        shard.with_slots([])
+        exported = shard.export()
         with tf.compat.v1.Session(graph=graph) as sess:
             np.testing.assert_allclose(sess.run(reads[1]), [0.5, 0.5])
             sess.run(pushes[1])
             np.testing.assert_allclose(sess.run(reads[0]), [0.5, 0.5])      # rank 0 has not pushed
-            with pytest.raises((tf.errors.DeadlineExceededError, tf.errors.CancelledError)):
-                sess.run(reads[1], options=tf.compat.v1.RunOptions(timeout_in_ms=300))
+            for waits in (reads[1], exported):
+                with pytest.raises((tf.errors.DeadlineExceededError, tf.errors.CancelledError)):
+                    sess.run(waits, options=tf.compat.v1.RunOptions(timeout_in_ms=300))
             done = []
             waiting = threading.Thread(target=lambda: done.append(sess.run(reads[1])))
             waiting.start()
@@ -265,6 +272,7 @@ def test_a_ranks_read_waits_for_the_boundary_of_its_push_and_then_reads_its_rows
             waiting.join(30)
             # sgd 0.1 on the mean of the ranks' gradients (0.2, 0.4)
             np.testing.assert_allclose(done, [[0.5 - 0.1 * 0.2, 0.5 - 0.1 * 0.4]], rtol=1e-6)
+            np.testing.assert_allclose(sess.run(exported)["values"], [[0.5 - 0.1 * 0.2, 0.5 - 0.1 * 0.4]], rtol=1e-6)
 
 
 def test_one_op_routes_every_entrys_ids_to_their_servers_and_one_gathers_the_answers_back():

@@ -153,7 +153,7 @@ SETTLED = "parallax_dynamic_settled"     # graph collection: ops after which a s
 def settle(shards: List[CompiledShard], rank: int, ranks: int) -> None:
     """Makes the exports of the shards' server (built later: state.DynamicState) wait, as a
     read of `rank` does, for the boundary of that rank's last push there."""
-    with tf.control_dependencies(None):
+    with tf.control_dependencies(None), tf.device(shards[0].device):
         empty = tf.zeros([len(shards)], tf.int64)
         tf.compat.v1.add_to_collection(SETTLED, read_many(shards, empty, rank, ranks).op)
 
