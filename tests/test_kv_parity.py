@@ -33,7 +33,7 @@ OPTIMIZERS = {
 DIM, STEPS = 3, 6
 
 
-def _run(shard_class, optimizer: str, admit_after: int, evict_after):
+def _run(shard_class, optimizer: str, admit_after: int, evict_after, steps: int = STEPS, vocabulary: int = 12):
     graph = tf.Graph()
     with graph.as_default():
         options = TableOptions(dim=DIM, dtype=tf.float32, initializer=id_lib.uniform(0.5), seed=7,
@@ -47,16 +47,18 @@ def _run(shard_class, optimizer: str, admit_after: int, evict_after):
         read = shard.read(ids)
         boundary = shard.boundary(ids, grads, counts, rule)
         exported = shard.export()
+        counters = shard.counters()
         rng = np.random.RandomState(3)
         seen = []
         with tf.compat.v1.Session(graph=graph) as sess:
-            for _ in range(STEPS):
-                step_ids = np.unique(rng.randint(0, 12, 5)).astype(np.int64)
+            for _ in range(steps):
+                step_ids = np.unique(rng.randint(0, vocabulary, 5)).astype(np.int64)
                 feed = {ids: step_ids, grads: rng.normal(size=(len(step_ids), DIM)).astype(np.float32),
                         counts: rng.randint(1, 3, len(step_ids))}
-                seen.append(sess.run(read, {ids: np.arange(14, dtype=np.int64)}))
+                seen.append(sess.run(read, {ids: np.arange(vocabulary + 2, dtype=np.int64)}))
                 sess.run(boundary, feed)
-            seen.append(sess.run(read, {ids: np.arange(14, dtype=np.int64)}))
+                seen.append(sess.run(counters))      # live rows, boundaries, admitted, evicted
+            seen.append(sess.run(read, {ids: np.arange(vocabulary + 2, dtype=np.int64)}))
             arrays = shard.unpack(sess.run(exported))
     return seen, _by_id(arrays, [s for s, _ in rule.slots])
 
@@ -81,6 +83,22 @@ def test_the_compiled_shard_trains_as_the_standard_one(optimizer, admit_after, e
     for key in standard:
         np.testing.assert_allclose(compiled[key], standard[key], rtol=1e-6, atol=1e-6, err_msg=key)
     assert len(standard["ids"]) > 3 and standard["clock"][0] == STEPS
+
+
+@pytest.mark.parametrize("admit_after, evict_after, vocabulary", [(1, 4, 7), (2, 3, 9), (1, 1, 40)])
+def test_eviction_over_many_boundaries_counts_and_drops_as_the_standard_shard(admit_after, evict_after, vocabulary):
+    """The compiled shard evicts from its ids bucketed by the boundary that last saw them, and
+    counts live rows as they change: over 30 boundaries (few ids seen again and again, so the
+    buckets outgrow the entries and are rebuilt; or many ids, most soon evicted), every read,
+    every counter and the last arrays equal the standard shard's scan of all entries."""
+    standard_reads, standard = _run(Shard, "adagrad", admit_after, evict_after, steps=30, vocabulary=vocabulary)
+    compiled_reads, compiled = _run(CompiledShard, "adagrad", admit_after, evict_after, steps=30,
+                                    vocabulary=vocabulary)
+    for step, (want, got) in enumerate(zip(standard_reads, compiled_reads)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"read or counters {step}")
+    _assert_same(compiled, standard)
+    live_by_step = [int(r[0]) for r in standard_reads[1::2]]
+    assert standard["clock"][2] > 0 and min(live_by_step) < max(live_by_step), (standard["clock"], live_by_step)
 
 
 def _train_table(monkeypatch, backend: str, optimizer: str, batches, start=None, **table_options):

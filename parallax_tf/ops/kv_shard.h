@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,13 +75,61 @@ class KvShard : public tensorflow::ResourceBase {
   }
 
   absl::Mutex* mu() { return &mu_; }
+  // Who sets an entry's `live` calls AddLive, and who erases entries calls Erase or Reindex:
+  // the shard counts its live rows and buckets its ids by last boundary seen.
   absl::flat_hash_map<int64_t, Entry>& entries() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entries_; }
   Clock& clock() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_; }
-  int64_t LiveRows() const TF_SHARED_LOCKS_REQUIRED(mu_) {
-    int64_t n = 0;
-    for (const auto& kv : entries_) n += kv.second.live;
-    return n;
+  void AddLive(int64_t rows) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { live_rows_ += rows; }
+  // Erases ids (absent ones are skipped); returns how many of them had rows.
+  int64_t Erase(const int64_t* ids, int64_t n) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t live = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      auto it = entries_.find(ids[i]);
+      if (it == entries_.end()) continue;
+      live += it->second.live;
+      entries_.erase(it);
+    }
+    live_rows_ -= live;
+    return live;
   }
+  // After the entries were rewritten wholesale (an import).
+  void Reindex() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_rows_ = 0;
+    for (const auto& kv : entries_) live_rows_ += kv.second.live;
+    seen_at_.clear();
+    bucketed_ = false;
+  }
+  // The boundary `step` saw `ids` (their entries' last_seen is `step`): erases every id last seen
+  // at or before `through` and returns how many of them had rows. Eviction visits the buckets of
+  // the boundaries it ends, not every entry: a step costs its own ids, not the table's size.
+  int64_t SeenAndEvict(int64_t step, const int64_t* ids, int64_t n, int64_t through)
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!bucketed_ || bucketed_ids_ > 2 * static_cast<int64_t>(entries_.size())) {
+      Bucket();  // each entry once, in its last boundary's bucket: this step's ids included
+    } else {
+      seen_at_[step].insert(seen_at_[step].end(), ids, ids + n);
+      bucketed_ids_ += n;
+    }
+    int64_t live = 0;
+    while (!seen_at_.empty() && seen_at_.begin()->first <= through) {
+      const auto& [seen, bucket] = *seen_at_.begin();
+      for (int64_t id : bucket) {
+        auto it = entries_.find(id);
+        if (it == entries_.end() || it->second.last_seen != seen) continue;  // seen since, or gone
+        live += it->second.live;
+        entries_.erase(it);
+      }
+      bucketed_ids_ -= static_cast<int64_t>(bucket.size());
+      seen_at_.erase(seen_at_.begin());
+    }
+    live_rows_ -= live;
+    return live;
+  }
+  // A boundary that does not evict keeps no buckets.
+  void NoEviction() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (bucketed_) Reindex();
+  }
+  int64_t LiveRows() const TF_SHARED_LOCKS_REQUIRED(mu_) { return live_rows_; }
   // out[0..3]: live rows, boundaries so far, rows admitted, rows evicted.
   void Counters(int64_t* out) const TF_SHARED_LOCKS_REQUIRED(mu_) {
     out[0] = LiveRows();
@@ -94,8 +143,21 @@ class KvShard : public tensorflow::ResourceBase {
   const std::string name_;
   absl::Mutex mu_;
   int64_t slots_ TF_GUARDED_BY(mu_) = -1;
+  void Bucket() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    seen_at_.clear();
+    for (const auto& kv : entries_) seen_at_[kv.second.last_seen].push_back(kv.first);
+    bucketed_ids_ = static_cast<int64_t>(entries_.size());
+    bucketed_ = true;
+  }
+
   absl::flat_hash_map<int64_t, Entry> entries_ TF_GUARDED_BY(mu_);
   Clock clock_ TF_GUARDED_BY(mu_);
+  int64_t live_rows_ TF_GUARDED_BY(mu_) = 0;
+  // ids by a boundary that saw them (an id may sit in older buckets too: its entry's last_seen
+  // tells); kept only while boundaries evict
+  std::map<int64_t, std::vector<int64_t>> seen_at_ TF_GUARDED_BY(mu_);
+  int64_t bucketed_ids_ TF_GUARDED_BY(mu_) = 0;
+  bool bucketed_ TF_GUARDED_BY(mu_) = false;
 };
 
 // The rule's step on one row: `row` and `slot[k]` point at dim floats each, `grad` too;
@@ -212,16 +274,12 @@ struct Boundary {
       e.live = was_live || admit;
       e.last_seen = step;
     }
+    shard->AddLive(admitted);
     int64_t evicted = 0;
     if (evict_after >= 0) {
-      for (auto it = entries.begin(); it != entries.end();) {
-        if (it->second.last_seen <= step - evict_after) {
-          evicted += it->second.live;
-          entries.erase(it++);
-        } else {
-          ++it;
-        }
-      }
+      evicted = shard->SeenAndEvict(step, id, n, step - evict_after);
+    } else {
+      shard->NoEviction();
     }
     clock = Clock{step + 1, clock.admitted + admitted, clock.evicted + evicted};
     return absl::OkStatus();

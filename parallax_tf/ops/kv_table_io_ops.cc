@@ -112,6 +112,10 @@ class KvImportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, shard->FixSlots(slots));
     auto& entries = shard->entries();
     entries.clear();
+    struct ReindexOnExit {    // also when a check below ends the op midway
+      KvShard* shard;
+      ~ReindexOnExit() { shard->Reindex(); }
+    } reindex{shard.get()};
     for (int64_t i = 0; i < tracked; ++i) {
       if (!Mine(seen_ids.flat<int64_t>()(i))) continue;
       Entry& e = entries[seen_ids.flat<int64_t>()(i)];
@@ -160,14 +164,7 @@ class KvRemoveOp : public OpKernel {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckIds(keys, "ParallaxKvRemove"));
     absl::MutexLock l(shard->mu());
-    auto& entries = shard->entries();
-    int64_t live = 0;
-    for (int64_t i = 0; i < keys.NumElements(); ++i) {
-      auto it = entries.find(keys.flat<int64_t>()(i));
-      if (it == entries.end()) continue;
-      live += it->second.live;
-      entries.erase(it);
-    }
+    const int64_t live = shard->Erase(keys.flat<int64_t>().data(), keys.NumElements());
     if (count_evicted_) shard->clock().evicted += live;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
