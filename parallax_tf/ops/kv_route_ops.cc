@@ -12,8 +12,6 @@
 // entry's ids keep their order within a part.
 #include <algorithm>
 #include <cstdint>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "parallax_tf/ops/id_hash.h"

@@ -10,7 +10,6 @@
 // Shards and the pushes are found by container and shared name (kv_server.h).
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
