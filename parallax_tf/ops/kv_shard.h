@@ -139,10 +139,6 @@ class KvShard : public tensorflow::ResourceBase {
   }
 
  private:
-  const int64_t dim_;
-  const std::string name_;
-  absl::Mutex mu_;
-  int64_t slots_ TF_GUARDED_BY(mu_) = -1;
   void Bucket() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     seen_at_.clear();
     for (const auto& kv : entries_) seen_at_[kv.second.last_seen].push_back(kv.first);
@@ -150,6 +146,10 @@ class KvShard : public tensorflow::ResourceBase {
     bucketed_ = true;
   }
 
+  const int64_t dim_;
+  const std::string name_;
+  absl::Mutex mu_;
+  int64_t slots_ TF_GUARDED_BY(mu_) = -1;
   absl::flat_hash_map<int64_t, Entry> entries_ TF_GUARDED_BY(mu_);
   Clock clock_ TF_GUARDED_BY(mu_);
   int64_t live_rows_ TF_GUARDED_BY(mu_) = 0;
