@@ -75,8 +75,8 @@ class KvShard : public tensorflow::ResourceBase {
   }
 
   absl::Mutex* mu() { return &mu_; }
-  // Who sets an entry's `live` calls AddLive, and who erases entries calls Erase or Reindex:
-  // the shard counts its live rows and buckets its ids by last boundary seen.
+  // Who sets an entry's `live` calls AddLive, and entries leave through Erase, SeenAndEvict or
+  // Replace: the shard counts its live rows and buckets its ids by last boundary seen.
   absl::flat_hash_map<int64_t, Entry>& entries() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entries_; }
   Clock& clock() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_; }
   void AddLive(int64_t rows) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { live_rows_ += rows; }
@@ -85,19 +85,16 @@ class KvShard : public tensorflow::ResourceBase {
     int64_t live = 0;
     for (int64_t i = 0; i < n; ++i) {
       auto it = entries_.find(ids[i]);
-      if (it == entries_.end()) continue;
-      live += it->second.live;
-      entries_.erase(it);
+      if (it != entries_.end()) live += EraseEntry(it);
     }
-    live_rows_ -= live;
     return live;
   }
-  // After the entries were rewritten wholesale (an import).
-  void Reindex() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Every entry at once (an import).
+  void Replace(absl::flat_hash_map<int64_t, Entry> entries) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    entries_ = std::move(entries);
     live_rows_ = 0;
     for (const auto& kv : entries_) live_rows_ += kv.second.live;
-    seen_at_.clear();
-    bucketed_ = false;
+    DropBuckets();
   }
   // The boundary `step` saw `ids` (their entries' last_seen is `step`): erases every id last seen
   // at or before `through` and returns how many of them had rows. Eviction visits the buckets of
@@ -115,20 +112,15 @@ class KvShard : public tensorflow::ResourceBase {
       const auto& [seen, bucket] = *seen_at_.begin();
       for (int64_t id : bucket) {
         auto it = entries_.find(id);
-        if (it == entries_.end() || it->second.last_seen != seen) continue;  // seen since, or gone
-        live += it->second.live;
-        entries_.erase(it);
+        if (it != entries_.end() && it->second.last_seen == seen) live += EraseEntry(it);  // else seen since, or gone
       }
       bucketed_ids_ -= static_cast<int64_t>(bucket.size());
       seen_at_.erase(seen_at_.begin());
     }
-    live_rows_ -= live;
     return live;
   }
   // A boundary that does not evict keeps no buckets.
-  void NoEviction() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (bucketed_) Reindex();
-  }
+  void NoEviction() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { DropBuckets(); }
   int64_t LiveRows() const TF_SHARED_LOCKS_REQUIRED(mu_) { return live_rows_; }
   // out[0..3]: live rows, boundaries so far, rows admitted, rows evicted.
   void Counters(int64_t* out) const TF_SHARED_LOCKS_REQUIRED(mu_) {
@@ -139,6 +131,18 @@ class KvShard : public tensorflow::ResourceBase {
   }
 
  private:
+  // Returns whether the entry had a row.
+  bool EraseEntry(absl::flat_hash_map<int64_t, Entry>::iterator it) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool live = it->second.live;
+    live_rows_ -= live;
+    entries_.erase(it);
+    return live;
+  }
+  void DropBuckets() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    seen_at_.clear();
+    bucketed_ids_ = 0;
+    bucketed_ = false;
+  }
   void Bucket() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     seen_at_.clear();
     for (const auto& kv : entries_) seen_at_[kv.second.last_seen].push_back(kv.first);

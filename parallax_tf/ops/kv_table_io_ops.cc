@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax_tf/ops/id_hash.h"
@@ -108,14 +109,7 @@ class KvImportOp : public OpKernel {
     OP_REQUIRES(ctx, slot_values.NumElements() == slots * rows * dim && counts.NumElements() == tracked &&
                      last_seen.NumElements() == tracked && is_live.NumElements() == tracked && clock.NumElements() == 3,
                 Invalid("ParallaxKvImport: the arrays disagree with each other or with the shard's ", slots, " slots"));
-    absl::MutexLock l(shard->mu());
-    OP_REQUIRES_OK(ctx, shard->FixSlots(slots));
-    auto& entries = shard->entries();
-    entries.clear();
-    struct ReindexOnExit {    // also when a check below ends the op midway
-      KvShard* shard;
-      ~ReindexOnExit() { shard->Reindex(); }
-    } reindex{shard.get()};
+    absl::flat_hash_map<int64_t, Entry> entries;    // the shard's only once every check passed
     for (int64_t i = 0; i < tracked; ++i) {
       if (!Mine(seen_ids.flat<int64_t>()(i))) continue;
       Entry& e = entries[seen_ids.flat<int64_t>()(i)];
@@ -138,6 +132,9 @@ class KvImportOp : public OpKernel {
     for (const auto& kv : entries)
       OP_REQUIRES(ctx, !kv.second.live || !kv.second.data.empty(),
                   Invalid("ParallaxKvImport: id ", kv.first, " is live but has no row"));
+    absl::MutexLock l(shard->mu());
+    OP_REQUIRES_OK(ctx, shard->FixSlots(slots));
+    shard->Replace(std::move(entries));
     // every shard counts the table's boundaries; its admitted and evicted totals stay on shard 0
     const bool first = shard_ == 0;
     shard->clock() = Clock{clock.flat<int64_t>()(0), first ? clock.flat<int64_t>()(1) : 0,
