@@ -328,7 +328,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(PlanRequest(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
-                         opts.options, opts.strategy_options))
+                         opts.options, opts.strategy_options, opts.dynamic_tables))
         plan.servers = list(cluster.server_addresses)
         plan.devices = cluster.devices
         text = plan.to_json()
@@ -340,7 +340,7 @@ def _plan_only(front_end, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(front_end, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
     plan = make_plan(PlanRequest(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options))
+                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options, opts.dynamic_tables))
     listed = devices.listed_gpus()
     if listed and opts.gpus_per_rank != 0:     # what the ranks of one host would compute on
         import horovod.tensorflow as hvd

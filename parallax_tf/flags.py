@@ -86,6 +86,12 @@ class PlanningOptions:
         None, "partitions",
         "Shards for every sparse PS variable (default: the count with the shortest step the cost model "
         "predicts).", kind="int")
+    dynamic_tables: Optional[str] = option(
+        None, "dynamic_tables",
+        "Where dynamic tables (ptf.DynamicEmbedding) live: servers (sharded by id over the parameter-server "
+        "hosts) or replicated (every rank holds each whole table; the ranks' pushes are allgathered and every "
+        "rank applies them to its copy). Default: --strategy=auto's cost model chooses per table, other "
+        "strategies use servers.", choices=["servers", "replicated"])
     local_aggregation: bool = option(
         True, "local_aggregation",
         "Sum sparse gradients of a host's ranks before sending.")
@@ -275,6 +281,8 @@ def resolve(**overrides) -> Options:
         raise ConfigError(f"--steps must be >= 0, got {options.steps}")
     if options.partitions is not None and options.partitions < 1:
         raise ConfigError(f"--partitions must be >= 1, got {options.partitions}")
+    if options.dynamic_tables not in (None, "servers", "replicated"):
+        raise ConfigError(f"--dynamic_tables={options.dynamic_tables!r}: use servers or replicated (or leave it unset)")
     try:
         options.timeline_steps = [int(s) for s in options.timeline_steps]
     except ValueError:

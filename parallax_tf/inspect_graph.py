@@ -102,7 +102,8 @@ def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
                        built.initializers, evaluate, time_compute, process)
     with graph.as_default():
         measured = {measure.name: measure.measure(view) for measure in measures}
-        tables = dynamic.describe_tables(graph, training.applies)
+        tables = [dict(table, ids_per_step=found.table_ids.get(table["name"]))
+                  for table in dynamic.describe_tables(graph, training.applies)]
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,
                    sorted(training.model.metrics or {}), tables, inputs,
@@ -140,6 +141,7 @@ class _Evaluated:
     state_values: Dict[str, np.ndarray]
     rows: Dict[str, tuple]                  # _rows_touched
     compute_s: Optional[float]
+    table_ids: Dict[str, int] = dataclasses.field(default_factory=dict)   # _table_ids
 
 
 def _model_parts(graph, training, from_get_variable: set) -> _ModelParts:
@@ -170,6 +172,7 @@ def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: boo
               for name, pairs in groups.items()}
     state_values = {name: np.zeros(v.shape, v.dtype.base_dtype.as_numpy_dtype) for name, v in state_vars.items()}
     rows: Dict[str, tuple] = {}
+    table_ids: Dict[str, int] = {}
     compute_s = None
     if evaluate:
         with tf.compat.v1.Session(graph=built.graph, config=process.proto()) as sess:
@@ -177,10 +180,11 @@ def _evaluate(built: _ModelParts, feeds: dict, evaluate: bool, time_compute: boo
             values, state_values = sess.run(({name: [v for v, _ in pairs] for name, pairs in groups.items()},
                                              state_vars))
             rows = _rows_touched(sess, groups, feeds, graph_walk.ancestors(built.training.loss.op))
+            table_ids = _table_ids(sess, built.graph, feeds)
             if time_compute:
                 compute_s = _time_step(sess, [g for pairs in groups.values() for _, g in pairs if g is not None],
                                        feeds)
-    return _Evaluated(values, state_values, rows, compute_s)
+    return _Evaluated(values, state_values, rows, compute_s, table_ids)
 
 
 def _describe_variables(built: _ModelParts, found: _Evaluated, forward: set) -> tuple:
@@ -287,6 +291,12 @@ def _rows_touched(sess, groups, feeds, forward: set) -> Dict[str, tuple]:
             fetches[name] = (tf.add_n([tf.size(tf.unique(g.indices).y) for _, g in pairs]),
                              tf.add_n(gathered) if gathered else tf.constant(0, tf.int64))
     return {k: (int(v[0]), int(v[1])) for k, v in sess.run(fetches, feeds).items()} if fetches else {}
+
+
+def _table_ids(sess, graph, feeds) -> Dict[str, int]:
+    """Per dynamic table, the distinct ids one batch reads (summed over its lookups)."""
+    counts = dynamic.id_counts(graph)
+    return {name: int(count) for name, count in sess.run(counts, feeds).items()} if counts else {}
 
 
 def _time_step(sess, grads, feeds, warmups: int = 2, repeats: int = 7) -> float:

@@ -64,10 +64,15 @@ class VariablePlan:
         return len(self.shards)
 
 
+DYNAMIC_ON_SERVERS, DYNAMIC_REPLICATED = "servers", "replicated"     # a dynamic table's routes
+
+
 @dataclasses.dataclass
 class DynamicTablePlan:
-    """A dynamic table (parallax_tf.dynamic): rows sharded by id over every parameter-server host,
-    trained by `optimizer`'s row rule at each step's end. Shard k lives on host k % hosts."""
+    """A dynamic table (parallax_tf.dynamic), trained by `optimizer`'s row rule at each step's
+    end. On route "servers" its rows are sharded by id over the parameter-server hosts (shard k
+    on host k % hosts); on route "replicated" every rank holds the whole table and applies every
+    rank's push (allgathered) to its copy."""
     name: str
     dim: int
     dtype: str
@@ -77,6 +82,10 @@ class DynamicTablePlan:
     capacity: Optional[int]
     optimizer: str
     shards: int
+    compiles: bool = True                # it can be replicated (dynamic.compiled.compiles)
+    ids_per_step: Optional[int] = None   # distinct ids one rank's batch reads (inspect; None: not measured)
+    route: str = DYNAMIC_ON_SERVERS
+    reason: str = ""
 
     def line(self) -> str:
         limits = [f"admit after {self.admit_after}"]
@@ -84,7 +93,10 @@ class DynamicTablePlan:
             limits.append(f"evict after {self.evict_after_steps} steps unseen")
         if self.capacity is not None:
             limits.append(f"capacity {self.capacity} rows")
-        return (f"dynamic table {self.name}: dim {self.dim} {self.dtype}, {self.shards} shards by id, "
+        where = f"{self.shards} shards by id" if self.route == DYNAMIC_ON_SERVERS else \
+            "replicated on every rank (pushes allgathered)"
+        why = f" ({self.reason})" if self.reason else ""
+        return (f"dynamic table {self.name}: dim {self.dim} {self.dtype}, {where}{why}, "
                 f"{self.optimizer} per row, {self.initializer}, {', '.join(limits)}")
 
 

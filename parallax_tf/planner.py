@@ -12,7 +12,8 @@ from typing import List
 from parallax_tf import routes as route_lib, strategy as strategy_lib
 from parallax_tf.errors import ConfigError
 from parallax_tf.inspect_graph import Capture, VariableInfo
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS, DynamicTablePlan, Plan, Shard, VariablePlan
+from parallax_tf.plan import (DYNAMIC_ON_SERVERS, DYNAMIC_REPLICATED, ROUTE_ALLREDUCE, ROUTE_LOCAL, ROUTE_PS,
+                             DynamicTablePlan, Plan, Shard, VariablePlan)
 from parallax_tf.strategy import Decisions, PlanRequest
 
 FUSION_BYTES = 64 * 2**20   # Horovod's default fusion buffer: one fused AllReduce per group
@@ -63,9 +64,23 @@ def make_plan(request: PlanRequest) -> Plan:
     return Plan(strategy=request.strategy, num_ranks=num_ranks, num_hosts=num_hosts, servers=[],
                 local_aggregation=request.local_aggregation, variables=entries, global_step=capture.global_step,
                 section=decided.section, options=dataclasses.asdict(request.options),
-                dynamic_tables=[DynamicTablePlan(**table, shards=partitions or num_hosts)
-                                for table in capture.dynamic_tables],
-                inputs=list(capture.inputs))
+                dynamic_tables=_dynamic_tables(request, decided), inputs=list(capture.inputs))
+
+
+def _dynamic_tables(request: PlanRequest, decided: Decisions) -> List[DynamicTablePlan]:
+    """Each dynamic table's plan: on the servers (--partitions shards, default one per host), or
+    replicated on the ranks where --dynamic_tables or the rule says so."""
+    out = []
+    for table in request.capture.dynamic_tables:
+        route, reason = decided.dynamic_routes.get(table["name"], (DYNAMIC_ON_SERVERS, ""))
+        if request.dynamic_tables is not None:
+            route, reason = request.dynamic_tables, "--dynamic_tables"
+        if route == DYNAMIC_REPLICATED and not table.get("compiles", True):
+            raise ConfigError(f"--dynamic_tables=replicated: table {table['name']!r} cannot be replicated (only a "
+                              "float32 table with a uniform or constant initializer can); use --dynamic_tables=servers")
+        shards = 1 if route == DYNAMIC_REPLICATED else request.partitions or request.num_hosts
+        out.append(DynamicTablePlan(**{**table, "shards": shards, "route": route, "reason": reason}))
+    return out
 
 
 def _keep_each_row(entry, info) -> None:

@@ -85,6 +85,7 @@ class PlanRequest:
     cost_cluster: Optional[Cluster] = None    # what the cost model plans for
     options: Any = None                   # this strategy's options dataclass (a dict of its fields: over the defaults)
     all_options: Dict[str, Any] = dataclasses.field(default_factory=dict)   # strategy -> its options
+    dynamic_tables: Optional[str] = None  # --dynamic_tables: every dynamic table's route (None: the rule's)
 
     def __post_init__(self):
         self.all_options = dict(self.all_options or {})
@@ -122,6 +123,7 @@ class Decisions:
     ranks_meet: bool = True        # False: ranks never step together, so no state is averaged over them
     section: Optional[PlanSection] = None    # the strategy's own plan data (its Strategy.Section)
     plan: Optional[Plan] = None            # a whole plan made by another strategy's rule instead
+    dynamic_routes: Dict[str, Tuple[str, str]] = dataclasses.field(default_factory=dict)  # table -> (route, why)
 
 
 @dataclasses.dataclass

@@ -238,7 +238,13 @@ class StateIO:
     def scatter(self, sess, values: Optional[Dict[str, np.ndarray]]) -> None:
         """Every rank: its rows of the keys held by the ranks, from rank 0's whole `values`
         (None on the other ranks), by one alltoall per piece; keys rank 0 has no value for
-        (optimizer slots on a fresh start) keep what their initialisers gave."""
+        (optimizer slots on a fresh start) keep what their initialisers gave. And its copy of
+        every dynamic table replicated on the ranks, as rank 0's `values` give it."""
+        copies = self.dynamic.copy_keys if self.dynamic is not None else []
+        if copies:
+            from parallax_tf.runtime import rank_objects
+            given = {k: v for k, v in (values or {}).items() if k in copies} if values is not None else None
+            self.dynamic.load(sess, rank_objects.broadcast(given, name="parallax_table_copies"), copies=True)
         if not self._scatter:
             return
         names = sorted(self._scatter)

@@ -103,13 +103,19 @@ def test_two_ranks_reading_the_tsv_end_as_single_device_tf_on_the_same_lines():
         assert reference.relative_error(got[f"var:{name}"], value) <= 1e-5, name
     moved = [n for n in want if reference.relative_error(want[n], initial[n]) > 1e-4]
     assert any(n.startswith("embedding/") for n in moved) and any(n.startswith("top") for n in moved), moved
-    _dynamic_tables_as_one_process(out, tsv)
+    _dynamic_tables_as_one_process(out, tsv, "hybrid_dynamic")
+    _dynamic_tables_as_one_process(out, tsv, "hybrid_dynamic_replicated")
+    with open(os.path.join(out, "hybrid_dynamic.plan.txt")) as f:
+        assert f.read().count(", 2 shards by id, ") == len(criteo.CATEGORICAL)
+    with open(os.path.join(out, "hybrid_dynamic_replicated.plan.txt")) as f:
+        assert f.read().count("replicated on every rank (pushes allgathered) (--dynamic_tables)") == \
+            len(criteo.CATEGORICAL)
 
 
-def _dynamic_tables_as_one_process(out: str, tsv: str) -> None:
-    """The same job's second run: 26 dynamic tables over Criteo's hex strings (admitted after 2
-    occurrences), against one process on the same lines."""
-    got = np.load(os.path.join(out, "hybrid_dynamic.npz"))
+def _dynamic_tables_as_one_process(out: str, tsv: str, name: str) -> None:
+    """The same job's further runs: 26 dynamic tables over Criteo's hex strings (admitted after 2
+    occurrences), on the servers or replicated on the ranks, against one process on the same lines."""
+    got = np.load(os.path.join(out, f"{name}.npz"))
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(0)

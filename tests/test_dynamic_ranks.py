@@ -31,6 +31,12 @@ TWO_RANKS = [   # name, strategy, optimizer, table options, further flags
     ("hybrid_adagrad_two_lookups", "hybrid", "adagrad", {"admit_after": 2}, ["--partitions=2", "--twice=true"]),
     # a law the compiled ops leave to standard ops: the servers take the accumulators' path
     ("hybrid_adagrad_normal_law", "hybrid", "adagrad", {"normal": 0.3, "capacity": 6}, ["--partitions=2"]),
+    # every rank holds the table; the pushes are allgathered and every rank applies them
+    ("hybrid_adagrad_replicated_strings", "hybrid", "adagrad", ADMIT_EVICT, ["--dynamic_tables=replicated",
+                                                                              "--strings=true"]),
+    ("auto_adam_replicated_two_lookups", "auto", "adam", {"admit_after": 2, "capacity": 6},
+     ["--dynamic_tables=replicated", "--twice=true"]),
+    ("allreduce_sgd_replicated_evict", "allreduce", "sgd", {"evict_after_steps": 2}, ["--dynamic_tables=replicated"]),
 ]
 THREE_RANKS = [
     ("hybrid_adagrad_admit_evict", "hybrid", "adagrad", {"admit_after": 2, "evict_after_steps": 3}, ["--partitions=2"]),
@@ -39,6 +45,8 @@ THREE_RANKS = [
      ["--partitions=3"]),
     # a compiled table and one the standard ops end on the same servers: routed reads and tokens
     ("hybrid_momentum_mixed", "hybrid", "momentum", {"admit_after": 2}, ["--partitions=2", "--mixed=true"]),
+    ("auto_ftrl_replicated_capacity", "auto", "ftrl", {"admit_after": 2, "evict_after_steps": 3, "capacity": 8},
+     ["--dynamic_tables=replicated"]),
 ]
 
 
@@ -101,7 +109,8 @@ def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
         if table.get("capacity"):
             assert len(arrays["emb/ids"]) <= table["capacity"] and arrays["emb/clock"][2] > 0   # some evicted
         saved = np.load(os.path.join(out, f"{name}.rank0.npz"))
-        assert "dynamic table emb: dim 3 float32" in str(saved["plan"])
+        where = "replicated on every rank" if "--dynamic_tables=replicated" in flags else "shards by id"
+        assert "dynamic table emb: dim 3 float32, " in str(saved["plan"]) and where in str(saved["plan"])
         assert "'dynamic_tables': {'emb': {" in str(saved["extras"])
         for table_name in ("emb", "side") if "--mixed=true" in flags else ("emb",):
             clock = arrays[f"{table_name}/clock"]
@@ -116,17 +125,21 @@ def test_a_checkpoint_holds_the_tables_as_arrays_and_resumes_exactly():
     at_four = _assert_as_one_process(out, "first", 2, "adagrad", table, steps=4)
     np.testing.assert_array_equal(tf.train.load_variable(saved, "emb/ids"), at_four["emb/ids"])
     np.testing.assert_allclose(tf.train.load_variable(saved, "emb/values"), at_four["emb/values"], atol=1e-6)
-    resume_from = tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")        # a copy: the export test reads the first
-    os.rmdir(resume_from)
-    shutil.copytree(ckpt, resume_from)
-    resumed = [("resumed", "hybrid", "adagrad", table, ["--partitions=3", f"--ckpt_dir={resume_from}"])]
-    _job(2, _runs(resumed, out), out)            # three shards now: the arrays do not depend on the layout
-    assert int(np.load(os.path.join(out, "resumed.rank0.npz"))["start_step"]) == 4
-    got = np.load(os.path.join(out, "resumed.rank0.npz"))
+    resumed = []
+    for name, layout in (("resumed", "--partitions=3"), ("resumed_replicated", "--dynamic_tables=replicated")):
+        resume_from = tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")    # a copy: the export test reads the first
+        os.rmdir(resume_from)
+        shutil.copytree(ckpt, resume_from)
+        resumed.append((name, "hybrid", "adagrad", table, [layout, f"--ckpt_dir={resume_from}"]))
+    _job(2, _runs(resumed, out), out)     # three shards, or a copy on each rank: the arrays do not depend on it
     _, arrays, dense = dynamic_models.single_process("adagrad", 2, STEPS, **table)
-    for key, want in arrays.items():
-        np.testing.assert_allclose(got[f"var:{key}"], want, rtol=0, atol=1e-5, err_msg=key)
-    np.testing.assert_allclose(got["var:dense"], dense, rtol=0, atol=1e-5)
+    for name, *_ in resumed:
+        for rank in range(2):               # every rank's copy of a replicated table was loaded
+            got = np.load(os.path.join(out, f"{name}.rank{rank}.npz"))
+            assert int(got["start_step"]) == 4
+            for key, want in arrays.items():
+                np.testing.assert_allclose(got[f"var:{key}"], want, rtol=0, atol=1e-5, err_msg=f"{name} {key}")
+            np.testing.assert_allclose(got["var:dense"], dense, rtol=0, atol=1e-5)
 
 
 def _served(export_dir: str, feed: dict) -> np.ndarray:
@@ -183,12 +196,15 @@ def test_an_exported_table_serves_its_live_rows_and_what_training_reads_for_othe
     assert (not table) == (abs(served[-1]) > 1e-4)
 
 
-def test_a_killed_rank_holding_the_shards_restarts_and_the_tables_end_exactly():
+@pytest.mark.parametrize("where", ["servers", "replicated"])
+def test_a_killed_rank_holding_the_shards_restarts_and_the_tables_end_exactly(where):
+    """Rank 0 dies: on the servers it held the shards of host 0; replicated, its copy."""
     out, ckpt = tempfile.mkdtemp(prefix="ptf-dynamic-"), tempfile.mkdtemp(prefix="ptf-dynamic-ckpt-")
     table = {"admit_after": 2, "evict_after_steps": 3}
     proc = _job(2, None, out, ["--name=restarted", "--strategy=hybrid", "--optimizer=adagrad",
                                f"--table={json.dumps(table)}", f"--steps={STEPS}", f"--ckpt_dir={ckpt}",
-                               "--ckpt_every=2", "--max_restarts=1", "--die_at_step=5", "--die_rank=0"])
+                               "--ckpt_every=2", "--max_restarts=1", "--die_at_step=5", "--die_rank=0",
+                               f"--dynamic_tables={where}"])
     assert "rank 0 on localhost exited with status 137" in proc.stdout + proc.stderr, launch.tail(proc)
     assert int(np.load(os.path.join(out, "restarted.rank0.npz"))["start_step"]) == 4
     _assert_as_one_process(out, "restarted", 2, "adagrad", table)

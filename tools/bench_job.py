@@ -127,8 +127,11 @@ def table_memory(result) -> dict:
         copies = sum(1 for k, v in result.variables.items() if k.startswith(table.name + "/") and
                      np.ndim(v) == 2 and len(v) == len(ids))          # values and slots
         seen = result.variables[f"{table.name}/seen_ids"]
-        for host, (rows, tracked) in enumerate(zip(_per_host(ids, table.shards, hosts),
-                                                   _per_host(seen, table.shards, hosts))):
+        if table.route == "replicated":     # every host holds the whole table (each of its ranks, a copy)
+            spread = ([len(ids)] * hosts, [len(seen)] * hosts)
+        else:
+            spread = (_per_host(ids, table.shards, hosts), _per_host(seen, table.shards, hosts))
+        for host, (rows, tracked) in enumerate(zip(*spread)):
             rows_by_host[host] += rows
             held[host] += rows * table.dim * 4 * copies + tracked * 32
     return {"embedding_bytes_by_host": held, "dynamic_rows_by_host": rows_by_host if plan.dynamic_tables else None}

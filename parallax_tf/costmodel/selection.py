@@ -19,6 +19,8 @@ def candidates(load: Load, cluster: Cluster) -> List[Choice]:
     Measured on the rig, cnn at 1 Gbit with its dense weights on the PS: 0.69x hybrid on 2
     hosts, 0.38x on 8, its CPU per rank 1.6-2.4x, its pulls not hidden behind other work."""
     options = [Choice(ROUTE_ALLREDUCE)]
+    if load.dynamic:        # replicated (AllReduce's allgather prices it), or one shard per host
+        return options + [Choice(ROUTE_PS, cluster.hosts)]
     if load.gradient != "sparse":
         return options
     for shards in sorted({1, cluster.hosts, 2 * cluster.hosts, 4 * cluster.hosts}):
@@ -89,3 +91,27 @@ def loads_from(capture) -> List[Load]:
                         rows_touched=v.rows_touched or 0, gathered_bytes=v.gathered_bytes or 0,
                         partitioned=v.user_partitioned))
     return out
+
+
+DYNAMIC_ROWS = 2 ** 40      # a dynamic table has no vocabulary: its rows never bound what moves
+
+
+def table_loads(capture) -> List[Load]:
+    """The dynamic tables that could be replicated, as loads (named `dynamic table <name>`) whose
+    AllReduce route prices the replicated route (every rank's push allgathered: its ids, and per id
+    the gradient row and the occurrences) and whose PS route the servers; tables whose ids per
+    step inspection did not measure are left out (they stay on the servers)."""
+    out = []
+    for table in capture.dynamic_tables:
+        ids = table.get("ids_per_step")
+        if not table.get("compiles", False) or not ids:
+            continue
+        row_bytes = 4 * int(table["dim"])
+        out.append(Load(name=table_load_name(table["name"]), bytes=ids * row_bytes, gradient="sparse",
+                        row_bytes=row_bytes, rows=DYNAMIC_ROWS, rows_touched=ids,
+                        gathered_bytes=ids * (row_bytes + 4), dynamic=True))
+    return out
+
+
+def table_load_name(table: str) -> str:
+    return f"dynamic table {table}"

@@ -32,6 +32,7 @@ class Load:
     rows_touched: int = 0         # distinct rows one rank touches
     gathered_bytes: int = 0       # bytes its lookups return for one rank, repeats included
     partitioned: bool = False     # the model partitioned it itself
+    dynamic: bool = False         # a dynamic table: on the servers (PS), or replicated (its pushes allgathered)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,8 @@ the row rule is the same data (rules.RowRule) the standard-op shard reads, and s
 the reference and what a served model reads. It holds float32 rows. `read_many`, `push`,
 `boundary_many` and `counters_many` serve every compiled shard of one server in one op each
 (rewriters/shared/dynamic_step.py), with the initial rows of the laws that compile (`law`)
-computed inside."""
+computed inside; `push_all` stores every rank's push at once in a rank's own copy of a
+replicated table (rewriters/shared/replicated_tables.py)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -131,6 +132,12 @@ class CompiledShard:
                                                 whole["live"], whole["clock"], shard=index, shards=shards)
 
 
+def compiles(options: TableOptions) -> bool:
+    """Whether a table of these options trains in compiled ops alone (its rows float32, its
+    initial row law computed inside them): what a table replicated on the ranks needs."""
+    return holds(options) and options.initializer.compiled_law(options.dim, options.seed) is not None
+
+
 def fusable(shards) -> bool:
     """Whether read_many can answer reads of these shards: compiled ones whose laws compile."""
     return all(isinstance(shard, CompiledShard) and shard.law is not None for shard in shards)
@@ -181,6 +188,14 @@ def push(shards: List[CompiledShard], ids_message, payload, rank: int, ranks: in
     return compiled_ops.load().parallax_kv_push(
         ids_message, payload, dims=[shard.options.dim for shard in shards], pushes=_pushes_name(shards[0].device),
         rank=rank, ranks=ranks)
+
+
+def push_all(shards: List[CompiledShard], messages, payloads, ranks: int) -> tf.Operation:
+    """push for every rank at once, from the concatenations of the ranks' messages and of their
+    payloads, rank after rank (a replicated table's allgathered pushes)."""
+    return compiled_ops.load().parallax_kv_push_all(
+        messages, payloads, dims=[shard.options.dim for shard in shards], pushes=_pushes_name(shards[0].device),
+        ranks=ranks)
 
 
 def boundary_many(shards: List[CompiledShard], rules: list, ranks: int) -> tf.Operation:

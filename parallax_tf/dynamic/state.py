@@ -24,8 +24,9 @@ SEEN_GROUP = ("seen_ids", "counts", "last_seen")
 
 
 class DynamicState:
-    """Reads (every rank: each shard's export) and loads (rank 0: each shard's import) every
-    dynamic table of the rank's graph. Built while the graph is open."""
+    """Reads (every rank: each shard's export) and loads every dynamic table of the rank's graph:
+    rank 0 the servers' shards, every rank its own copy of a table replicated on the ranks
+    (`load(..., copies=True)`). Built while the graph is open."""
 
     def __init__(self, tables: List):
         self.tables = tables
@@ -37,6 +38,11 @@ class DynamicState:
 
     def keys(self) -> List[str]:
         return [key for table in self.tables for key in self._table_keys(table)]
+
+    @property
+    def copy_keys(self) -> List[str]:
+        """The keys of the tables replicated on the ranks."""
+        return [key for table in self.tables if table.replicated for key in self._table_keys(table)]
 
     @staticmethod
     def _table_keys(table) -> List[str]:
@@ -60,10 +66,14 @@ class DynamicState:
             out = {k: v for k, v in out.items() if k in keys}
         return out
 
-    def load(self, sess, values: Dict[str, np.ndarray]) -> None:
-        """Replaces every table's contents with `values` (its keys; a table without them is emptied)."""
-        feeds = {}
-        for table in self.tables:
+    def load(self, sess, values: Dict[str, np.ndarray], copies: bool = False) -> None:
+        """Replaces the contents of every table on the servers (`copies`: of this rank's copy of
+        every replicated table) with `values` (its keys; a table without them is emptied)."""
+        feeds, loads = {}, []
+        for table, load in zip(self.tables, self._loads):
+            if table.replicated != copies:
+                continue
+            loads.append(load)
             given = {}
             for key in self._table_keys(table):
                 name = key[len(table.name) + 1:]
@@ -75,7 +85,8 @@ class DynamicState:
                 given["slot_values"] = np.stack([given[s] for s in slots]) if slots else \
                     np.zeros([0, len(given["ids"]), table.dim], table.options.dtype.as_numpy_dtype)
             feeds.update({placeholder: given[name] for name, placeholder in placeholders.items()})
-        sess.run(self._loads, feeds)
+        if loads:
+            sess.run(loads, feeds)
 
     def _placeholders(self, table, names) -> Dict[str, tf.Tensor]:
         """The load's placeholders of `table`'s whole arrays."""

@@ -29,23 +29,27 @@ from parallax_tf.errors import ModelError
 _IN_GRAPH: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, list]]" = weakref.WeakKeyDictionary()
 COMBINERS = ("sum", "mean", "sqrtn")
 _SHARD_DEVICES: List[Optional[str]] = [None]    # where the tables built now put their shards
+_REPLICATED: Dict[str, str] = {}                 # ... but these: table -> the one device of its copy
 _SERVING = [False]                               # tables built now serve from a checkpoint's arrays
 _DEFERRED = [False]                              # their reads are left to the step (packed per server)
 
 
 @contextlib.contextmanager
-def sharded_over(devices: Sequence[str], deferred: bool = False):
-    """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host). With
-    `deferred`, a lookup's reads are stand-ins of the right shape that the step replaces by its
-    own reads, so no read is built twice: its rows' (Lookup.stand_in) where the table's shards
-    compile, else each shard read's (ShardRead.deferred)."""
-    global _SHARD_DEVICES
+def sharded_over(devices: Sequence[str], deferred: bool = False, replicated: Sequence[str] = (),
+                 own_device: Optional[str] = None):
+    """Tables declared inside put shard k on devices[k] (the rewrite: one per PS host), except
+    those named in `replicated`: one shard on `own_device`, this rank's copy of the whole table.
+    With `deferred`, a lookup's reads are stand-ins of the right shape that the step replaces by
+    its own reads, so no read is built twice: its rows' (Lookup.stand_in) where the table's
+    shards compile, else each shard read's (ShardRead.deferred)."""
+    global _SHARD_DEVICES, _REPLICATED
     before, _SHARD_DEVICES = _SHARD_DEVICES, list(devices)
+    replicated_before, _REPLICATED = _REPLICATED, {name: own_device for name in replicated}
     deferred_before, _DEFERRED[0] = _DEFERRED[0], deferred
     try:
         yield
     finally:
-        _SHARD_DEVICES, _DEFERRED[0] = before, deferred_before
+        _SHARD_DEVICES, _REPLICATED, _DEFERRED[0] = before, replicated_before, deferred_before
 
 
 @contextlib.contextmanager
@@ -124,8 +128,13 @@ class DynamicEmbedding:
             raise ModelError(f"two dynamic tables are named {name!r}; give each DynamicEmbedding its own name")
         self.name, self.dim, self.optimizer = name, dim, optimizer
         self.served = ServedRows(name, self.options) if _SERVING[0] else None
+        self.replicated = name in _REPLICATED       # every rank holds the whole table (its one shard)
+        if self.replicated and not compiled.compiles(self.options):
+            raise ModelError(f"dynamic table {name!r} cannot be replicated on the ranks: only a float32 table with a "
+                             "uniform or constant initializer can; leave it on the servers (--dynamic_tables=servers)")
+        devices = [_REPLICATED[name]] if self.replicated else _SHARD_DEVICES
         self.shards = [] if self.served else [_shard(name, i, device, self.options)
-                                               for i, device in enumerate(_SHARD_DEVICES)]
+                                               for i, device in enumerate(devices)]
         _registry(graph)["tables"].append(self)
 
     def lookup(self, ids, name: Optional[str] = None) -> tf.Tensor:
@@ -218,7 +227,17 @@ def describe_tables(graph, applies) -> List[Dict[str, object]]:
     """Each table of `graph` as plain data, with the rule it trains by (one ModelError for a
     table whose optimizer has none)."""
     optimizer = model_optimizer(applies)
-    return [dict(table.describe(), optimizer=table.rule(optimizer).kind) for table in tables(graph)]
+    return [dict(table.describe(), optimizer=table.rule(optimizer).kind, compiles=compiled.compiles(table.options))
+            for table in tables(graph)]
+
+
+def id_counts(graph) -> Dict[str, tf.Tensor]:
+    """Per table of `graph`, the distinct ids one step's lookups read (summed over its lookups)."""
+    sizes: Dict[str, list] = {}
+    for look in lookups(graph):
+        sizes.setdefault(look.table.name, []).append(tf.size(look.ids))
+    with graph.as_default():
+        return {name: tf.add_n(found) for name, found in sizes.items()}
 
 
 def _registry(graph) -> Dict[str, list]:

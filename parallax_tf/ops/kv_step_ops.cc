@@ -2,12 +2,15 @@
 // for rank 0 (the boundary), instead of an accumulator, a take and a boundary per shard:
 // - ParallaxKvPush stores one rank's push (per shard: its distinct ids; one payload of their
 //   gradient rows and occurrences) in the server's KvPushes;
+// - ParallaxKvPushAll stores every rank's push at once, from their concatenation (a replicated
+//   table: each rank allgathers the pushes and runs the boundary on its own copy);
 // - ParallaxKvBoundaryMany waits, without holding a thread, until every rank pushed, then per
 //   shard sums the pushes per id in rank order, averages the gradients over the ranks and runs
 //   the shard's boundary (kv_shard.h) with the initial rows computed inside (id_hash.h), and
 //   lets the reads waiting for it go (kv_pushes.h);
 // - ParallaxKvCountersMany reads every shard's counters in one op.
 // Shards and the pushes are found by container and shared name (kv_server.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -68,6 +71,62 @@ class KvPushOp : public OpKernel {
  private:
   std::string container_, pushes_name_;
   int64_t rank_, ranks_;
+  std::vector<int64_t> dims_;
+};
+
+// Every rank's push from their concatenations, rank after rank: each rank's message (its
+// shards' id counts, then their ids) and its payload. Each is copied out whole (a slice of
+// the concatenation would not be aligned for Eigen).
+class KvPushAllOp : public OpKernel {
+ public:
+  explicit KvPushAllOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
+    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
+    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& messages = ctx->input(0);
+    const Tensor& payloads = ctx->input(1);
+    OP_REQUIRES(ctx, messages.dims() == 1 && payloads.dims() == 1,
+                Invalid("ParallaxKvPushAll: messages and payloads must be vectors"));
+    const int64_t parts = static_cast<int64_t>(dims_.size());
+    const int64_t* ids = messages.flat<int64_t>().data();
+    const float* rows = payloads.flat<float>().data();
+    int64_t id_at = 0, row_at = 0;
+    std::vector<Push> all(ranks_);
+    for (int64_t r = 0; r < ranks_; ++r) {
+      OP_REQUIRES(ctx, id_at + parts <= messages.NumElements(),
+                  Invalid("ParallaxKvPushAll: the messages end before rank ", r, "'s"));
+      int64_t length = parts, floats = 0;
+      for (int64_t k = 0; k < parts; ++k) {
+        OP_REQUIRES(ctx, ids[id_at + k] >= 0, Invalid("ParallaxKvPushAll: rank ", r, " counts ", ids[id_at + k]));
+        length += ids[id_at + k];
+        floats += ids[id_at + k] * (dims_[k] + 1);
+      }
+      OP_REQUIRES(ctx, id_at + length <= messages.NumElements() && row_at + floats <= payloads.NumElements(),
+                  Invalid("ParallaxKvPushAll: rank ", r, "'s push runs past the messages or payloads"));
+      Push& push = all[r];
+      push.message = Tensor(tensorflow::DT_INT64, TensorShape({length}));
+      std::copy(ids + id_at, ids + id_at + length, push.message.flat<int64_t>().data());
+      push.payload = Tensor(tensorflow::DT_FLOAT, TensorShape({floats}));
+      std::copy(rows + row_at, rows + row_at + floats, push.payload.flat<float>().data());
+      OP_REQUIRES_OK(ctx, ParseMessage(push.message, parts, "ParallaxKvPushAll", &push.begin, &push.count));
+      id_at += length;
+      row_at += floats;
+    }
+    OP_REQUIRES(ctx, id_at == messages.NumElements() && row_at == payloads.NumElements(),
+                Invalid("ParallaxKvPushAll: ", messages.NumElements() - id_at, " ids and ",
+                        payloads.NumElements() - row_at, " floats are left after ", ranks_, " ranks' pushes"));
+    tensorflow::core::RefCountPtr<KvPushes> pushes;
+    OP_REQUIRES_OK(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes));
+    for (int64_t r = 0; r < ranks_; ++r) OP_REQUIRES_OK(ctx, pushes->Put(r, std::move(all[r])));
+  }
+
+ private:
+  std::string container_, pushes_name_;
+  int64_t ranks_;
   std::vector<int64_t> dims_;
 };
 
@@ -260,6 +319,18 @@ REGISTER_OP("ParallaxKvPush")
     .Doc("Stores one rank's push of this step: a message of each shard's id count, then their ids (as "
          "ParallaxKvReadMany's); the payload of their gradient rows and occurrences, shard after shard.");
 
+REGISTER_OP("ParallaxKvPushAll")
+    .Input("messages: int64")
+    .Input("payloads: float")
+    .Attr("dims: list(int) >= 1")
+    .Attr("pushes: string")
+    .Attr("ranks: int >= 1")
+    .Attr("container: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Stores every rank's push of this step from their concatenations, rank after rank: each rank's "
+         "message (as ParallaxKvPush's) and its payload.");
+
 REGISTER_OP("ParallaxKvBoundaryMany")
     .Input("hyper: float")
     .Attr("pushes: string")
@@ -294,6 +365,7 @@ REGISTER_OP("ParallaxKvCountersMany")
     .Doc("Each shard's live rows, boundaries so far, rows admitted, rows evicted.");
 
 REGISTER_KERNEL_BUILDER(Name("ParallaxKvPush").Device(::tensorflow::DEVICE_CPU), KvPushOp);
+REGISTER_KERNEL_BUILDER(Name("ParallaxKvPushAll").Device(::tensorflow::DEVICE_CPU), KvPushAllOp);
 REGISTER_KERNEL_BUILDER(Name("ParallaxKvBoundaryMany").Device(::tensorflow::DEVICE_CPU), KvBoundaryManyOp);
 REGISTER_KERNEL_BUILDER(Name("ParallaxKvCountersMany").Device(::tensorflow::DEVICE_CPU), KvCountersManyOp);
 

@@ -7,7 +7,7 @@ import dataclasses
 
 from parallax_tf import costmodel, planner, strategy
 from parallax_tf.errors import ConfigError
-from parallax_tf.plan import ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_PS
+from parallax_tf.plan import DYNAMIC_ON_SERVERS, DYNAMIC_REPLICATED, ROUTE_ALLREDUCE, ROUTE_ALLTOALL, ROUTE_PS
 from rewriters.shared.sync import assemble
 
 
@@ -33,7 +33,7 @@ class Auto(strategy.Strategy):
     def decide(self, request):
         if request.cost_cluster is None:
             raise ConfigError("--strategy=auto needs the cluster it plans for (hosts, link bandwidth)")
-        auto, per_variable = _choices(request)
+        auto, per_variable, tables = _choices(request)
         offer = strategy.get(self.ALTERNATIVE).offer(request, per_variable)
         if offer is not None and request.options.stanza:     # the cost model prefers the alternative
             plan = planner.make_plan(dataclasses.replace(request, strategy=self.ALTERNATIVE, options=offer.options))
@@ -48,7 +48,8 @@ class Auto(strategy.Strategy):
                     for name, (choice, reason) in auto.items()}
         return strategy.Decisions({name: (choice.route, reason) for name, (choice, reason) in auto.items()},
                                   partitions={name: (choice.partitions, "the cost model")
-                                              for name, (choice, _) in auto.items()})
+                                              for name, (choice, _) in auto.items()},
+                                  dynamic_routes=tables)
 
     def rewrite(self, request):
         return assemble(request, (ROUTE_PS, ROUTE_ALLREDUCE, ROUTE_ALLTOALL), self.name)
@@ -56,13 +57,28 @@ class Auto(strategy.Strategy):
 
 def _choices(request):
     """Route and shard count per variable from the cost model, each with its reason; the
-    predicted step time of them all."""
-    cluster, loads = request.cost_cluster, request.loads
+    predicted step time of them all; each dynamic table's route with its reason (the servers,
+    or replicated where the cost model prices that faster)."""
+    cluster, tables = request.cost_cluster, costmodel.table_loads(request.capture)
+    loads = request.loads + tables
     compute = request.capture.compute_s or 0.0
     choices = costmodel.choose(loads, cluster, compute)
     step = costmodel.predict(loads, choices, cluster, compute).step_s
+    routes = {}
+    for table in request.capture.dynamic_tables:
+        load = next((l for l in tables if l.name == costmodel.table_load_name(table["name"])), None)
+        if load is None:
+            routes[table["name"]] = (DYNAMIC_ON_SERVERS, "not replicable, or its ids per step not measured")
+            continue
+        other = costmodel.Choice(ROUTE_PS, cluster.hosts) if choices[load.name].route == ROUTE_ALLREDUCE else \
+            costmodel.Choice(ROUTE_ALLREDUCE)
+        instead = costmodel.predict(loads, {**choices, load.name: other}, cluster, compute).step_s
+        replicated = choices[load.name].route == ROUTE_ALLREDUCE
+        routes[table["name"]] = (DYNAMIC_REPLICATED if replicated else DYNAMIC_ON_SERVERS,
+                                 f"cost model: predicted step {step * 1000:.1f}ms; "
+                                 f"{'on the servers' if replicated else 'replicated'} {instead * 1000:.1f}ms")
     out = {}
-    for load in loads:
+    for load in request.loads:
         choice = choices[load.name]
         alternatives = ", ".join(
             f"{c.route}{'x' + str(c.partitions) if c.route == ROUTE_PS else ''} "
@@ -72,7 +88,7 @@ def _choices(request):
                                   + (f"; instead: {alternatives}" if alternatives else
                                      f"; the only candidate for a {load.gradient} gradient (AllReduce's ring "
                                      "moves the fewest bytes)"))
-    return out, step
+    return out, step, routes
 
 
 def _batches(n: int) -> str:

@@ -25,6 +25,7 @@ import tensorflow as tf
 from parallax_tf.dynamic import compiled
 from parallax_tf.dynamic import routes
 from parallax_tf.dynamic import table as table_lib
+from rewriters.shared.replicated_tables import ReplicatedTables
 from rewriters.shared.step_report import tensor_bytes
 from rewriters.shared.transform import rewire
 
@@ -44,11 +45,16 @@ class DynamicTablesStep:
         self.counters: Dict[str, tf.Tensor] = {}
         self.lower_bound: list = []
         found = table_lib.lookups(rebuilt.loss.graph)
-        routed = [look for look in found if look.stand_in is not None]
+        copied = [look for look in found if look.table.replicated]
+        self.replicated = ReplicatedTables(self.topo, copied) if copied else None
+        routed = [look for look in found if look.stand_in is not None and not look.table.replicated]
         moved = _pack_reads([read for look in found for read in look.reads], self.topo.crosses_processes)
         self.read_messages = self._route_reads(routed, moved) if routed else {}
         if found:
             self._build(rebuilt, found, moved)
+        if self.replicated is not None:
+            moved.append(self.replicated.bytes)
+            self.counters.update(self.replicated.counters)
         self.bytes = {"dynamic": tf.add_n(moved) if moved else tf.constant(0, tf.int64)}
 
     def _route_reads(self, routed, moved: list) -> Dict[str, tf.Tensor]:
@@ -77,6 +83,7 @@ class DynamicTablesStep:
         sent = []            # (shard, ids as its device sees them, payload on the worker, reads to wait for,
                              # whether the ids cross again)
         routed = []          # (table, its pushed ids, payload, whether the ids are one lookup's)
+        copied = []          # (table replicated on the ranks, its pushed ids, payload)
         for table in table_lib.tables(rebuilt.loss.graph):
             mine = [look for look in found if look.table is table]
             if not mine:
@@ -89,7 +96,9 @@ class DynamicTablesStep:
             else:
                 ids, summed, counts = table_lib.merged([(look, grads[id(look)]) for look in mine])
                 payload = _payload(summed, counts)
-            if mine[0].stand_in is not None:
+            if table.replicated:
+                copied.append((table, ids, payload))
+            elif mine[0].stand_in is not None:
                 routed.append((table, ids, payload, len(mine) == 1))
             elif len(mine) == 1:            # the ids its reads sent: the server has them already
                 for read in mine[0].reads:
@@ -102,7 +111,9 @@ class DynamicTablesStep:
         self._push(sent, moved)
         if routed:
             self._push_routed(routed, found, moved)
-        if self.topo.is_chief:
+        if copied:
+            self.replicated.build(copied, model_optimizer)
+        if self.topo.is_chief and (sent or routed):
             self._boundaries(found, model_optimizer)
 
     def _push(self, sent, moved: list) -> None:
@@ -131,7 +142,8 @@ class DynamicTablesStep:
         topo = self.topo
         on_read_messages = all(single for _, _, _, single in routed)
         if on_read_messages:                # the entries in the reads' order, their ids the lookups'
-            at = {id(look.table): k for k, look in enumerate(look for look in found if look.stand_in is not None)}
+            at = {id(look.table): k for k, look in enumerate(
+                look for look in found if look.stand_in is not None and not look.table.replicated)}
             routed = sorted(routed, key=lambda item: at[id(item[0])])
         route = routes.Route([table.shards for table, _, _, _ in routed])
         ids = [item[1] for item in routed]
@@ -155,7 +167,7 @@ class DynamicTablesStep:
         cross servers)."""
         size = self.topo.size
         trained = [table for table in table_lib.tables(found[0].rows.graph)
-                   if any(look.table is table for look in found)]
+                   if not table.replicated and any(look.table is table for look in found)]
         rules = {table.name: table.rule(model_optimizer) for table in trained}
         fused = {}
         for device, shards in self.fused.items():
@@ -198,7 +210,7 @@ class DynamicTablesStep:
 
     @property
     def active(self) -> bool:
-        return bool(self.pushes)
+        return bool(self.pushes) or self.replicated is not None
 
     @property
     def _tokens(self) -> bool:
@@ -207,8 +219,15 @@ class DynamicTablesStep:
 
     def targets(self) -> list:
         """What this rank's step adds: rank 0, the boundaries (and then every other rank's
-        token); another rank, its pushes (and the wait for its token)."""
+        token); another rank, its pushes (and the wait for its token); every rank, its copies'
+        boundaries."""
+        copies = self.replicated.ended if self.replicated is not None else []
+        return self._server_targets() + copies
+
+    def _server_targets(self) -> list:
         topo = self.topo
+        if not self.pushes:
+            return []
         if topo.is_chief:
             released = []
             if self._tokens:

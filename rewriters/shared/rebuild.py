@@ -13,7 +13,8 @@ from parallax_tf.compat import tensorflow as tf_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.graph_walk import VARIABLE_OPS, ancestors
 from parallax_tf.inspect_graph import logical_name
-from parallax_tf.plan import ROUTE_ALLTOALL, ROUTE_PS, TOOLKIT_GLOBAL_STEP, Plan
+from parallax_tf.plan import (DYNAMIC_ON_SERVERS, DYNAMIC_REPLICATED, ROUTE_ALLTOALL, ROUTE_PS, TOOLKIT_GLOBAL_STEP,
+                             Plan)
 from parallax_tf.strategy import BuildRequest
 from parallax_tf.values import Part
 from rewriters.shared.alltoall_lookup import exchange_lookups, shard_rows
@@ -61,9 +62,13 @@ def rebuild(request: BuildRequest, on_servers=None, step_on_server: bool = False
     plan = request.plan
     on_servers = plan.on_route(ROUTE_PS) if on_servers is None else on_servers
     on_ranks = {v.name: v for v in plan.on_route(ROUTE_ALLTOALL)}
-    # a dynamic table's shards: one per host's parameter server (--partitions: that many, in turn)
-    shards = plan.dynamic_tables[0].shards if plan.dynamic_tables else plan.num_hosts
-    with dynamic.sharded_over([f"/job:ps/task:{k % plan.num_hosts}" for k in range(shards)], deferred=True):
+    # a dynamic table's shards: one per host's parameter server (--partitions: that many, in turn),
+    # or one on this rank's worker for a table replicated on the ranks
+    on_servers_tables = [t for t in plan.dynamic_tables if t.route == DYNAMIC_ON_SERVERS]
+    shards = on_servers_tables[0].shards if on_servers_tables else plan.num_hosts
+    replicated = [t.name for t in plan.dynamic_tables if t.route == DYNAMIC_REPLICATED]
+    with dynamic.sharded_over([f"/job:ps/task:{k % plan.num_hosts}" for k in range(shards)], deferred=True,
+                              replicated=replicated, own_device=request.topology.worker_device):
         training = _build_placed(request, on_servers, on_ranks, step_on_server)
     parts = _parts_by_logical_name(plan)
     trained = {v.name for v in plan.trained}

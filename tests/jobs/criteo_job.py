@@ -1,7 +1,7 @@
 """Runs on every rank: trains models.criteo on a Criteo TSV file through tf.data and saves what rank 0 got.
 
 usage: criteo_job.py OUT_DIR TSV STRATEGY: fixed tables, then dynamic ones (admitted after 2
-occurrences), in one job."""
+occurrences) on the servers, then replicated on the ranks, in one job."""
 import os
 import sys
 
@@ -17,11 +17,14 @@ DYNAMIC = {"admit_after": 2}
 
 def main(out_dir, tsv, strategy):
     import horovod.tensorflow as hvd
-    for name, dynamic in ((strategy, None), (f"{strategy}_dynamic", DYNAMIC)):
+    for name, dynamic, where in ((strategy, None, None), (f"{strategy}_dynamic", DYNAMIC, "servers"),
+                                 (f"{strategy}_dynamic_replicated", DYNAMIC, "replicated")):
         result = ptf.run(criteo.make_model_fn(SCALE, files=[tsv], batch=BATCH, dynamic=dynamic), None, steps=STEPS,
-                         strategy=strategy, log_every=0)
+                         strategy=strategy, log_every=0, dynamic_tables=where)
         if hvd.rank() == 0:
             np.savez(os.path.join(out_dir, f"{name}.npz"), **{f"var:{k}": v for k, v in result.variables.items()})
+            with open(os.path.join(out_dir, f"{name}.plan.txt"), "w") as f:
+                f.write(result.plan.table())
 
 
 if __name__ == "__main__":
