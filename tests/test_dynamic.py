@@ -357,3 +357,42 @@ def test_a_row_rule_is_data_a_backend_can_read():
     moved, slots = momentum.apply(rows, {"momentum": tf.zeros_like(rows)}, grads, tf.constant(0, tf.int64))
     np.testing.assert_allclose(slots["momentum"].numpy(), [[0.5, -1.0]])
     np.testing.assert_allclose(moved.numpy(), [[1.0 - 0.05 - 0.045, 2.0 + 0.1 + 0.09]], rtol=1e-6)
+
+
+def test_auto_places_each_table_where_its_step_is_predicted_faster_and_the_flag_decides_otherwise():
+    """Few ids a step: replicated (no round trip to a server before the next read); many ids on a
+    slow link: the servers (each rank would receive every other rank's push). --dynamic_tables
+    overrides auto, and a table that cannot be replicated is refused in one line."""
+    import dataclasses
+
+    from parallax_tf.costmodel import Cluster
+    from parallax_tf.inspect_graph import capture
+    from parallax_tf.model import RunContext
+    from parallax_tf.planner import PlanRequest, make_plan
+    feed = dynamic_models.batch(0, 0)
+    captured = capture(dynamic_models.model_fn("adagrad"), lambda ctx: feed, RunContext(), seed=0)
+    (described,) = captured.dynamic_tables
+    assert described["ids_per_step"] == len(np.unique(feed["ids"])) and described["compiles"]
+
+    def planned(captured, bandwidth, **given):
+        request = PlanRequest(captured, "auto", 8, 8, cost_cluster=Cluster(8, 1, bandwidth_bytes_per_s=bandwidth),
+                              **given)
+        (table,) = make_plan(request).dynamic_tables
+        return table
+
+    fast = planned(captured, 1e9 / 8)
+    assert (fast.route, fast.shards) == ("replicated", 1) and fast.reason.startswith("cost model: predicted step")
+    assert "replicated on every rank (pushes allgathered) (cost model: predicted step" in fast.line()
+    crowded = dataclasses.replace(captured, dynamic_tables=[dict(described, ids_per_step=200_000)])
+    slow = planned(crowded, 10e6 / 8)
+    assert (slow.route, slow.shards) == ("servers", 8) and "; replicated " in slow.reason
+    assert planned(crowded, 10e6 / 8, dynamic_tables="replicated").route == "replicated"
+    assert planned(captured, 1e9 / 8, dynamic_tables="servers").route == "servers"
+    unmeasured = dataclasses.replace(captured, dynamic_tables=[dict(described, ids_per_step=None)])
+    assert planned(unmeasured, 1e9 / 8).route == "servers"
+    normal = dataclasses.replace(captured, dynamic_tables=[dict(described, compiles=False)])
+    with pytest.raises(ConfigError, match="--dynamic_tables=replicated: table 'emb' cannot be replicated"):
+        planned(normal, 1e9 / 8, dynamic_tables="replicated")
+    with pytest.raises(ConfigError, match="--dynamic_tables='ranks': use servers or replicated"):
+        ptf.run(dynamic_models.model_fn("adagrad"), lambda ctx: feed, plan_only=True, dynamic_tables="ranks",
+                log_every=0)
