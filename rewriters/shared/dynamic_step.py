@@ -13,6 +13,9 @@ message when each table was read once; rank 0's boundary is one op per server. O
 read shard by shard, push into an accumulator per shard and end the step in standard ops; rank
 0 then hands every other rank a token its step waits for.
 
+Tables replicated on the ranks (the plan's route "replicated") are read and trained on every
+rank's own copy (rewriters/shared/replicated_tables.py); their pushes never reach a server.
+
 Every tensor crossing between tasks is a RecvTensor call of its own, so a rank's messages to
 one server are packed, however many tables and shards live there (as rewriters/shared/
 ps_packing.py packs the PS route's)."""
