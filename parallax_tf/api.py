@@ -328,7 +328,7 @@ def _agree_on_plan(captured, opts, topo, cluster) -> Plan:
     if topo.is_chief:
         plan = make_plan(PlanRequest(captured, opts.strategy, topo.size, len(topo.ranks_per_host), opts.partitions,
                          opts.local_aggregation, cost_cluster(opts, len(topo.ranks_per_host), max(topo.ranks_per_host)),
-                         opts.options, opts.strategy_options, opts.dynamic_tables))
+                         opts.options, opts.strategy_options, opts.dynamic_tables, opts.steps))
         plan.servers = list(cluster.server_addresses)
         plan.devices = cluster.devices
         text = plan.to_json()
@@ -340,7 +340,8 @@ def _plan_only(front_end, input_fn, opts) -> Result:
     ctx = RunContext(0, ranks, 0, ranks, 0)
     captured = capture(front_end, input_fn, ctx, opts.seed, shard_input=opts.shard_input, **measurements(opts.strategy))
     plan = make_plan(PlanRequest(captured, opts.strategy, ranks, 1, opts.partitions, opts.local_aggregation,
-                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options, opts.dynamic_tables))
+                     cost_cluster(opts, 1, ranks), opts.options, opts.strategy_options, opts.dynamic_tables,
+                     opts.steps))
     listed = devices.listed_gpus()
     if listed and opts.gpus_per_rank != 0:     # what the ranks of one host would compute on
         import horovod.tensorflow as hvd
@@ -360,9 +361,17 @@ def cost_cluster(opts, hosts: int, ranks_per_host: int):
         return costmodel.Cluster.calibrated(
             hosts, ranks_per_host, costmodel.parse_rate(opts.link_bandwidth or "10gbit"),
             costmodel.parse_delay(opts.link_delay or "0.05ms"), cores=opts.host_cores,
-            calibration=calibration.load(opts.calibration))
+            calibration=calibration.load(opts.calibration), memory_bytes=_host_memory())
     except ValueError as err:
         raise ConfigError(f"--link_bandwidth/--link_delay: {err}") from None
+
+
+def _host_memory() -> Optional[float]:
+    """This host's memory in bytes (the cost model takes every host to have as much), if known."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _bound_horovod_stalls(timeout_s: int) -> None:

@@ -102,7 +102,8 @@ def capture(model, input_fn: Optional[Callable], ctx: RunContext, seed: int,
                        built.initializers, evaluate, time_compute, process)
     with graph.as_default():
         measured = {measure.name: measure.measure(view) for measure in measures}
-        tables = [dict(table, ids_per_step=found.table_ids.get(table["name"]))
+        tables = [dict(table, ids_per_step=found.table_ids.get(table["name"]),
+                       rows_at_start=len(initial.get(f"{table['name']}/ids", ())))
                   for table in dynamic.describe_tables(graph, training.applies)]
     return Capture(infos, initial, built.placeholders, "+".join(optimizers), found.compute_s, state_info,
                    training.global_step.op.name if training.global_step is not None else None, measured,

@@ -83,7 +83,9 @@ class DynamicTablePlan:
     optimizer: str
     shards: int
     compiles: bool = True                # it can be replicated (dynamic.compiled.compiles)
+    slots: int = 0                       # the optimizer's slots kept per row
     ids_per_step: Optional[int] = None   # distinct ids one rank's batch reads (inspect; None: not measured)
+    rows_at_start: int = 0               # rows it holds before training (a Keras layer's last run)
     route: str = DYNAMIC_ON_SERVERS
     reason: str = ""
 

@@ -86,6 +86,7 @@ class PlanRequest:
     options: Any = None                   # this strategy's options dataclass (a dict of its fields: over the defaults)
     all_options: Dict[str, Any] = dataclasses.field(default_factory=dict)   # strategy -> its options
     dynamic_tables: Optional[str] = None  # --dynamic_tables: every dynamic table's route (None: the rule's)
+    steps: Optional[int] = None           # --steps: how many ids a dynamic table can meet (None: not known)
 
     def __post_init__(self):
         self.all_options = dict(self.all_options or {})

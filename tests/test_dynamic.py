@@ -361,33 +361,45 @@ def test_a_row_rule_is_data_a_backend_can_read():
 
 def test_auto_places_each_table_where_its_step_is_predicted_faster_and_the_flag_decides_otherwise():
     """Few ids a step: replicated (no round trip to a server before the next read); many ids on a
-    slow link: the servers (each rank would receive every other rank's push). --dynamic_tables
+    slow link: the servers (each rank would receive every other rank's push); a copy that could
+    outgrow its share of a rank's memory, or nothing bounding it: the servers. --dynamic_tables
     overrides auto, and a table that cannot be replicated is refused in one line."""
     import dataclasses
 
-    from parallax_tf.costmodel import Cluster
+    from parallax_tf.costmodel import REPLICA_MEMORY_SHARE, Cluster, replica_bytes
     from parallax_tf.inspect_graph import capture
     from parallax_tf.model import RunContext
     from parallax_tf.planner import PlanRequest, make_plan
     feed = dynamic_models.batch(0, 0)
     captured = capture(dynamic_models.model_fn("adagrad"), lambda ctx: feed, RunContext(), seed=0)
     (described,) = captured.dynamic_tables
-    assert described["ids_per_step"] == len(np.unique(feed["ids"])) and described["compiles"]
+    ids = len(np.unique(feed["ids"]))
+    assert (described["ids_per_step"], described["compiles"], described["slots"]) == (ids, True, 1)
+    # 100 steps of 8 ranks: rows of 3 values and 3 Adagrad slots, and 32 B an id
+    assert replica_bytes(described, 100, 8) == 800 * ids * (4 * 3 * 2 + 32)
 
-    def planned(captured, bandwidth, **given):
-        request = PlanRequest(captured, "auto", 8, 8, cost_cluster=Cluster(8, 1, bandwidth_bytes_per_s=bandwidth),
-                              **given)
-        (table,) = make_plan(request).dynamic_tables
+    def planned(captured, bandwidth, memory=2**34, steps=100, **given):
+        cluster = Cluster(8, 1, bandwidth_bytes_per_s=bandwidth, memory_bytes=memory)
+        (table,) = make_plan(PlanRequest(captured, "auto", 8, 8, cost_cluster=cluster, steps=steps,
+                                         **given)).dynamic_tables
         return table
 
     fast = planned(captured, 1e9 / 8)
     assert (fast.route, fast.shards) == ("replicated", 1) and fast.reason.startswith("cost model: predicted step")
     assert "replicated on every rank (pushes allgathered) (cost model: predicted step" in fast.line()
     crowded = dataclasses.replace(captured, dynamic_tables=[dict(described, ids_per_step=200_000)])
-    slow = planned(crowded, 10e6 / 8)
+    slow = planned(crowded, 10e6 / 8, steps=1)
     assert (slow.route, slow.shards) == ("servers", 8) and "; replicated " in slow.reason
-    assert planned(crowded, 10e6 / 8, dynamic_tables="replicated").route == "replicated"
+    assert planned(crowded, 10e6 / 8, dynamic_tables="replicated").route == "replicated"     # whatever its size
     assert planned(captured, 1e9 / 8, dynamic_tables="servers").route == "servers"
+    unbounded = planned(captured, 1e9 / 8, steps=None)
+    assert unbounded.route == "servers" and "nothing bounds a copy's rows" in unbounded.reason
+    capped = dataclasses.replace(captured, dynamic_tables=[dict(described, capacity=1000)])
+    assert planned(capped, 1e9 / 8, steps=None).route == "replicated"       # its capacity bounds it
+    too_big = replica_bytes(described, 100, 8) / REPLICA_MEMORY_SHARE - 1   # the host's memory, one byte short
+    assert planned(captured, 1e9 / 8, memory=too_big + 2).route == "replicated"
+    past = planned(captured, 1e9 / 8, memory=too_big)
+    assert past.route == "servers" and "past what a rank gives copies" in past.reason, past.reason
     unmeasured = dataclasses.replace(captured, dynamic_tables=[dict(described, ids_per_step=None)])
     assert planned(unmeasured, 1e9 / 8).route == "servers"
     normal = dataclasses.replace(captured, dynamic_tables=[dict(described, compiles=False)])

@@ -228,9 +228,10 @@ def table_lines(results: dict) -> str:
         if auc is not None:
             line += f"; held-out AUC {auc:.4f}"
         if held:
-            line += f"; embedding state per PS host {' '.join(fmt_bytes(b) for b in held)} (total {fmt_bytes(sum(held))})"
+            line += (f"; embedding state per host (PS shards and table copies) {' '.join(fmt_bytes(b) for b in held)} "
+                     f"(total {fmt_bytes(sum(held))})")
         if rows:
-            line += f"; dynamic rows per PS host {' '.join(f'{n:,}' for n in rows)} (total {sum(rows):,})"
+            line += f"; dynamic rows per host {' '.join(f'{n:,}' for n in rows)} (total {sum(rows):,})"
         lines.append(line)
     return "\n".join(lines)
 

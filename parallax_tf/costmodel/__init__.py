@@ -15,10 +15,11 @@ from parallax_tf.costmodel.traffic import (EXCHANGE, GATHER, INDEX_BYTES, POINT,
                                            shard_hosts)
 from parallax_tf.costmodel.cpu import CPU_TERMS, host_cpu_s, host_cpu_terms, received_cpu_s
 from parallax_tf.costmodel.prediction import Prediction, predict
-from parallax_tf.costmodel.selection import (CHOICE_MARGIN, candidates, choose, loads_from, table_load_name,
-                                             table_loads)
+from parallax_tf.costmodel.selection import (CHOICE_MARGIN, REPLICA_MEMORY_SHARE, candidates, choose, loads_from,
+                                             replica_bytes, table_load_name, table_loads)
 
 __all__ = ["PORT_QUEUE_S", "Cluster", "parse_delay", "parse_rate", "EXCHANGE", "GATHER", "INDEX_BYTES", "POINT",
            "RING", "Choice", "Load", "allgathered_bytes", "host_traffic", "received_bytes", "runs_through_master",
            "shard_hosts", "CPU_TERMS", "host_cpu_s", "host_cpu_terms", "received_cpu_s", "Prediction", "predict",
-           "CHOICE_MARGIN", "candidates", "choose", "loads_from", "table_load_name", "table_loads"]
+           "CHOICE_MARGIN", "REPLICA_MEMORY_SHARE", "candidates", "choose", "loads_from", "replica_bytes", "table_load_name",
+           "table_loads"]

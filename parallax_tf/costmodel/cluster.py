@@ -26,6 +26,7 @@ class Cluster:
     message_overhead_s: float = _DEFAULTS.message_overhead_s   # what a server spends per RPC it handles
     rpc_overhead_s: float = _DEFAULTS.rpc_overhead_s           # fixed cost of one PS round trip on a worker
     cores: Optional[int] = None          # CPUs all ranks share (emulation); None: one host each
+    memory_bytes: Optional[float] = None  # one host's memory (None: not known)
     # CPU one rank spends per step besides its compute (host_cpu_terms says what each multiplies):
     # a step takes at least the busiest host's, times ranks / cores when ranks share cores. All
     # these constants come from tools.calibrate.
@@ -43,9 +44,10 @@ class Cluster:
 
     @classmethod
     def calibrated(cls, hosts: int, ranks_per_host: int, bandwidth_bytes_per_s: float, delay_s: float = 0.0,
-                   cores: Optional[int] = None, calibration: Optional[Calibration] = None) -> "Cluster":
+                   cores: Optional[int] = None, calibration: Optional[Calibration] = None,
+                   memory_bytes: Optional[float] = None) -> "Cluster":
         calibration = calibration or load_calibration()
-        return cls(hosts, ranks_per_host, bandwidth_bytes_per_s, delay_s, cores=cores,
+        return cls(hosts, ranks_per_host, bandwidth_bytes_per_s, delay_s, cores=cores, memory_bytes=memory_bytes,
                    calibration=calibration.source, **calibration.constants())
 
     @property

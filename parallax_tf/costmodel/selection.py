@@ -3,7 +3,7 @@ the Parallax paper's partition search), and the loads it weighs, from an inspect
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from parallax_tf.costmodel.cluster import Cluster
 from parallax_tf.costmodel.prediction import predict
@@ -94,23 +94,54 @@ def loads_from(capture) -> List[Load]:
 
 
 DYNAMIC_ROWS = 2 ** 40      # a dynamic table has no vocabulary: its rows never bound what moves
+# the share of a rank's part of its host's memory that all its copies of replicated tables may
+# take, at most: auto replicates a table only where its largest possible copy still fits
+REPLICA_MEMORY_SHARE = 0.25
+TRACKED_ID_BYTES = 32       # what a shard keeps per id besides row and slots: counts, last seen, the map's
 
 
-def table_loads(capture) -> List[Load]:
-    """The dynamic tables that could be replicated, as loads (named `dynamic table <name>`) whose
-    AllReduce route prices the replicated route (every rank's push allgathered: its ids, and per id
-    the gradient row and the occurrences) and whose PS route the servers; tables whose ids per
-    step inspection did not measure are left out (they stay on the servers)."""
-    out = []
-    for table in capture.dynamic_tables:
-        ids = table.get("ids_per_step")
-        if not table.get("compiles", False) or not ids:
-            continue
-        row_bytes = 4 * int(table["dim"])
-        out.append(Load(name=table_load_name(table["name"]), bytes=ids * row_bytes, gradient="sparse",
-                        row_bytes=row_bytes, rows=DYNAMIC_ROWS, rows_touched=ids,
-                        gathered_bytes=ids * (row_bytes + 4), dynamic=True))
-    return out
+def replica_bytes(table: dict, steps: Optional[int], ranks: int) -> Optional[int]:
+    """The most one rank's copy of a dynamic table can hold, in bytes: the rows its capacity
+    allows, else the rows it holds at the start plus every id `steps` steps of `ranks` ranks can
+    add (None: neither bounds it). Per row its values and slots (float32) and what an id keeps;
+    ids waiting for admission are bounded by as many again."""
+    rows = table.get("capacity")
+    if rows is None:
+        if not steps or not table.get("ids_per_step"):
+            return None
+        rows = table.get("rows_at_start", 0) + steps * ranks * table["ids_per_step"]
+    waiting = rows if table.get("admit_after", 1) > 1 else 0
+    return rows * (4 * int(table["dim"]) * (1 + table.get("slots", 0)) + TRACKED_ID_BYTES) + \
+        waiting * TRACKED_ID_BYTES
+
+
+def table_loads(capture, cluster: Cluster, steps: Optional[int]) -> Tuple[List[Load], Dict[str, str]]:
+    """The dynamic tables auto may replicate, as loads (named `dynamic table <name>`) whose
+    AllReduce route prices the replicated route (every rank's push allgathered: its ids, and per
+    id the gradient row and the occurrences) and whose PS route the servers; and, for every other
+    table, why it stays on the servers. Copies must fit REPLICA_MEMORY_SHARE of a rank's memory
+    together: the smallest tables first."""
+    budget = cluster.memory_bytes / cluster.ranks_per_host * REPLICA_MEMORY_SHARE if cluster.memory_bytes else None
+    loads, left, used = [], {}, 0
+    sizes = {t["name"]: replica_bytes(t, steps, cluster.ranks) for t in capture.dynamic_tables}
+    for table in sorted(capture.dynamic_tables, key=lambda t: (sizes[t["name"]] is None, sizes[t["name"]] or 0)):
+        name, ids, size = table["name"], table.get("ids_per_step"), sizes[table["name"]]
+        if not table.get("compiles", False):
+            left[name] = "cannot be replicated: not float32, or its initial law does not compile"
+        elif not ids:
+            left[name] = "its ids per step were not measured"
+        elif size is None:
+            left[name] = "nothing bounds a copy's rows (no capacity, steps unknown)"
+        elif budget is not None and used + size > budget:
+            left[name] = (f"a copy could reach {size / 2**20:,.0f} MB, past what a rank gives copies "
+                          f"({budget / 2**20:,.0f} MB: a quarter of its share of the host's memory)")
+        else:
+            used += size
+            row_bytes = 4 * int(table["dim"])
+            loads.append(Load(name=table_load_name(name), bytes=ids * row_bytes, gradient="sparse",
+                              row_bytes=row_bytes, rows=DYNAMIC_ROWS, rows_touched=ids,
+                              gathered_bytes=ids * (row_bytes + 4), dynamic=True))
+    return loads, left
 
 
 def table_load_name(table: str) -> str:

@@ -227,8 +227,9 @@ def describe_tables(graph, applies) -> List[Dict[str, object]]:
     """Each table of `graph` as plain data, with the rule it trains by (one ModelError for a
     table whose optimizer has none)."""
     optimizer = model_optimizer(applies)
-    return [dict(table.describe(), optimizer=table.rule(optimizer).kind, compiles=compiled.compiles(table.options))
-            for table in tables(graph)]
+    rules = [table.rule(optimizer) for table in tables(graph)]
+    return [dict(table.describe(), optimizer=rule.kind, slots=len(rule.slots), compiles=compiled.compiles(table.options))
+            for table, rule in zip(tables(graph), rules)]
 
 
 def id_counts(graph) -> Dict[str, tf.Tensor]:

@@ -59,24 +59,12 @@ def _choices(request):
     """Route and shard count per variable from the cost model, each with its reason; the
     predicted step time of them all; each dynamic table's route with its reason (the servers,
     or replicated where the cost model prices that faster)."""
-    cluster, tables = request.cost_cluster, costmodel.table_loads(request.capture)
+    cluster = request.cost_cluster
+    tables, left = costmodel.table_loads(request.capture, cluster, request.steps)
     loads = request.loads + tables
     compute = request.capture.compute_s or 0.0
     choices = costmodel.choose(loads, cluster, compute)
     step = costmodel.predict(loads, choices, cluster, compute).step_s
-    routes = {}
-    for table in request.capture.dynamic_tables:
-        load = next((l for l in tables if l.name == costmodel.table_load_name(table["name"])), None)
-        if load is None:
-            routes[table["name"]] = (DYNAMIC_ON_SERVERS, "not replicable, or its ids per step not measured")
-            continue
-        other = costmodel.Choice(ROUTE_PS, cluster.hosts) if choices[load.name].route == ROUTE_ALLREDUCE else \
-            costmodel.Choice(ROUTE_ALLREDUCE)
-        instead = costmodel.predict(loads, {**choices, load.name: other}, cluster, compute).step_s
-        replicated = choices[load.name].route == ROUTE_ALLREDUCE
-        routes[table["name"]] = (DYNAMIC_REPLICATED if replicated else DYNAMIC_ON_SERVERS,
-                                 f"cost model: predicted step {step * 1000:.1f}ms; "
-                                 f"{'on the servers' if replicated else 'replicated'} {instead * 1000:.1f}ms")
     out = {}
     for load in request.loads:
         choice = choices[load.name]
@@ -88,7 +76,27 @@ def _choices(request):
                                   + (f"; instead: {alternatives}" if alternatives else
                                      f"; the only candidate for a {load.gradient} gradient (AllReduce's ring "
                                      "moves the fewest bytes)"))
-    return out, step, routes
+    return out, step, _table_routes(request, loads, choices, step, left)
+
+
+def _table_routes(request, loads, choices, step, left):
+    """Table -> (route, why) for each dynamic table: replicated where the cost model chose the
+    allgather of its pushes (its AllReduce route), else the servers (`left`: why a table was not
+    priced)."""
+    cluster, compute = request.cost_cluster, request.capture.compute_s or 0.0
+    routes = {}
+    for table in request.capture.dynamic_tables:
+        name = costmodel.table_load_name(table["name"])
+        if name not in choices:
+            routes[table["name"]] = (DYNAMIC_ON_SERVERS, left[table["name"]])
+            continue
+        replicated = choices[name].route == ROUTE_ALLREDUCE
+        other = costmodel.Choice(ROUTE_PS, cluster.hosts) if replicated else costmodel.Choice(ROUTE_ALLREDUCE)
+        instead = costmodel.predict(loads, {**choices, name: other}, cluster, compute).step_s
+        routes[table["name"]] = (DYNAMIC_REPLICATED if replicated else DYNAMIC_ON_SERVERS,
+                                 f"cost model: predicted step {step * 1000:.1f}ms; "
+                                 f"{'on the servers' if replicated else 'replicated'} {instead * 1000:.1f}ms")
+    return routes
 
 
 def _batches(n: int) -> str:
