@@ -65,6 +65,8 @@ def test_a_tf2_step_trains_as_on_one_device(ranks, run):
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, err_msg=key)
     if case == "keras3_fit_dynamic":       # predict reads the trained table's rows after fit
         np.testing.assert_allclose(extra["predict"], extra["reference_predict"], rtol=1e-5)
+        # auto replicates the small table on the ranks (no servers on one host's fast link)
+        assert extra["table_routes"] == ["replicated" if strategy == "auto" else "servers"]
     if case == "keras3_metric":            # the metric's state over every rank, as on one device
         assert extra["count"] == pytest.approx(extra["reference_count"], rel=1e-6)
         assert extra["accuracy"] == pytest.approx(extra["reference_accuracy"], rel=1e-6)

@@ -418,7 +418,8 @@ def keras3_fit_dynamic(strategy, hooks):
              "reference_history": {k: list(map(float, v)) for k, v in want.items()},
              "predict": model.predict(served, verbose=0).ravel().tolist(),
              "reference_predict": reference.predict({"ids": one_hot[:8], "dense": dense[:8]},
-                                                    verbose=0).ravel().tolist()}
+                                                    verbose=0).ravel().tolist(),
+             "table_routes": [table.route for table in history.plan.dynamic_tables]}
     if ptf.rank() == 0:
         export = os.path.join(os.environ["PTF_TF2_OUT"], f"dynamic_export.{strategy}")
         model.export(export, verbose=False)
