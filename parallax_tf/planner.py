@@ -77,7 +77,8 @@ def _dynamic_tables(request: PlanRequest, decided: Decisions) -> List[DynamicTab
             route, reason = request.dynamic_tables, "--dynamic_tables"
         if route == DYNAMIC_REPLICATED and not table.get("compiles", True):
             raise ConfigError(f"--dynamic_tables=replicated: table {table['name']!r} cannot be replicated (only a "
-                              "float32 table with a uniform or constant initializer can); use --dynamic_tables=servers")
+                              "float32 table with a uniform or constant law can, not normal); "
+                              "use --dynamic_tables=servers")
         shards = 1 if route == DYNAMIC_REPLICATED else request.partitions or request.num_hosts
         out.append(DynamicTablePlan(**{**table, "shards": shards, "route": route, "reason": reason}))
     return out

@@ -131,7 +131,8 @@ class DynamicEmbedding:
         self.replicated = name in _REPLICATED       # every rank holds the whole table (its one shard)
         if self.replicated and not compiled.compiles(self.options):
             raise ModelError(f"dynamic table {name!r} cannot be replicated on the ranks: only a float32 table with a "
-                             "uniform or constant initializer can; leave it on the servers (--dynamic_tables=servers)")
+                             "uniform or constant law can, not normal; leave it on the servers "
+                             "(--dynamic_tables=servers)")
         devices = [_REPLICATED[name]] if self.replicated else _SHARD_DEVICES
         self.shards = [] if self.served else [_shard(name, i, device, self.options)
                                                for i, device in enumerate(devices)]
@@ -228,8 +229,8 @@ def describe_tables(graph, applies) -> List[Dict[str, object]]:
     table whose optimizer has none)."""
     optimizer = model_optimizer(applies)
     rules = [table.rule(optimizer) for table in tables(graph)]
-    return [dict(table.describe(), optimizer=rule.kind, slots=len(rule.slots), compiles=compiled.compiles(table.options))
-            for table, rule in zip(tables(graph), rules)]
+    return [dict(table.describe(), optimizer=rule.kind, slots=len(rule.slots),
+                 compiles=compiled.compiles(table.options)) for table, rule in zip(tables(graph), rules)]
 
 
 def id_counts(graph) -> Dict[str, tf.Tensor]:
