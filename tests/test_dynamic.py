@@ -392,6 +392,8 @@ def test_auto_places_each_table_where_its_step_is_predicted_faster_and_the_flag_
     assert (slow.route, slow.shards) == ("servers", 8) and "; replicated " in slow.reason
     assert planned(crowded, 10e6 / 8, dynamic_tables="replicated").route == "replicated"     # whatever its size
     assert planned(captured, 1e9 / 8, dynamic_tables="servers").route == "servers"
+    sharded = planned(captured, 1e9 / 8, partitions=3)         # as before replication: 3 shards on the servers
+    assert (sharded.route, sharded.shards, sharded.reason) == ("servers", 3, "--partitions=3")
     unbounded = planned(captured, 1e9 / 8, steps=None)
     assert unbounded.route == "servers" and "nothing bounds a copy's rows" in unbounded.reason
     capped = dataclasses.replace(captured, dynamic_tables=[dict(described, capacity=1000)])

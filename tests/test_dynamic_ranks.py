@@ -23,7 +23,7 @@ TWO_RANKS = [   # name, strategy, optimizer, table options, further flags
     ("hybrid_adagrad", "hybrid", "adagrad", {}, [f"--ckpt_dir={CKPT_ROOT}/first_use"]),
     ("ps_adam_admit_evict", "ps", "adam", {"admit_after": 2, "evict_after_steps": 3}, ["--partitions=3"]),
     ("auto_ftrl_capacity", "auto", "ftrl", {"admit_after": 2, "evict_after_steps": 3, "capacity": 6},
-     ["--partitions=2", "--dynamic_tables=servers"]),
+     ["--partitions=2"]),
     ("hybrid_momentum_strings", "hybrid", "momentum", {}, ["--strings=true"]),
     ("allreduce_sgd_evict", "allreduce", "sgd", {"evict_after_steps": 2}, []),
     ("collective_adagrad_admit", "collective", "adagrad", {"admit_after": 2}, ["--partitions=2"]),
@@ -113,7 +113,7 @@ def test_dynamic_tables_train_on_ranks_as_in_one_process(size, cases):
         assert "dynamic table emb: dim 3 float32, " in plan
         if "--dynamic_tables=replicated" in flags:
             assert "replicated on every rank (pushes allgathered) (--dynamic_tables)" in plan
-        elif strategy == "auto" and "--dynamic_tables=servers" not in flags:    # its cost model's choice
+        elif strategy == "auto" and not any(f.startswith("--partitions") for f in flags):  # the cost model's
             assert "(cost model: predicted step" in plan
         else:
             assert "shards by id" in plan

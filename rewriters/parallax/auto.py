@@ -60,7 +60,10 @@ def _choices(request):
     predicted step time of them all; each dynamic table's route with its reason (the servers,
     or replicated where the cost model prices that faster)."""
     cluster = request.cost_cluster
-    tables, left = costmodel.table_loads(request.capture, cluster, request.steps)
+    if request.partitions is not None:      # the count it asked for shards the tables over the servers
+        tables, left = [], {t["name"]: f"--partitions={request.partitions}" for t in request.capture.dynamic_tables}
+    else:
+        tables, left = costmodel.table_loads(request.capture, cluster, request.steps)
     loads = request.loads + tables
     compute = request.capture.compute_s or 0.0
     choices = costmodel.choose(loads, cluster, compute)
