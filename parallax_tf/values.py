@@ -243,7 +243,7 @@ class StateIO:
         copies = self.dynamic.copy_keys if self.dynamic is not None else []
         if copies:
             from parallax_tf.runtime import rank_objects
-            given = {k: v for k, v in (values or {}).items() if k in copies} if values is not None else None
+            given = None if values is None else {k: v for k, v in values.items() if k in copies}
             self.dynamic.load(sess, rank_objects.broadcast(given, name="parallax_table_copies"), copies=True)
         if not self._scatter:
             return

@@ -10,6 +10,7 @@ import numpy as np
 from absl import app, flags
 
 import parallax_tf as ptf
+from parallax_tf.plan import DYNAMIC_REPLICATED
 from tools import baselines, link_counters
 from tools.shared import model_and_input, flags_as_given
 
@@ -127,7 +128,7 @@ def table_memory(result) -> dict:
         copies = sum(1 for k, v in result.variables.items() if k.startswith(table.name + "/") and
                      np.ndim(v) == 2 and len(v) == len(ids))          # values and slots
         seen = result.variables[f"{table.name}/seen_ids"]
-        if table.route == "replicated":     # every host holds the whole table (each of its ranks, a copy)
+        if table.route == DYNAMIC_REPLICATED:     # every host holds the whole table (each of its ranks, a copy)
             spread = ([len(ids)] * hosts, [len(seen)] * hosts)
         else:
             spread = (_per_host(ids, table.shards, hosts), _per_host(seen, table.shards, hosts))
