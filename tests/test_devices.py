@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import kernel_def_pb2, types_pb2
 
-from parallax_tf import devices
+from parallax_tf import devices, graph_walk
 from parallax_tf import ops as compiled_ops
 from parallax_tf.errors import ConfigError
 from parallax_tf.runtime import placement
@@ -141,9 +141,12 @@ def test_small_constants_read_on_another_task_are_made_there():
             waits = tf.no_op()
             with tf.control_dependencies([waits]):
                 gated = tf.constant(2.0, name="gated")
+            rate = tf.constant(0.1, name="rate")
+            term = tf.add(tf.constant(0.01), tf.constant(1.0) / (2.0 * rate), name="term")  # FTRL's l2 + beta/(2 lr)
         with tf.device("/job:ps/task:1"):
             table = tf.compat.v1.get_variable("table", [2], use_resource=True)
             scaled = table.read_value() * step * gated
+            applied = table.read_value() * term
             summed = tf.reduce_sum(big) + tf.reduce_sum(scaled)
         with tf.device("/job:worker/task:0/device:GPU:0"):
             local = step * 3.0                              # the same task: no copy
@@ -155,7 +158,16 @@ def test_small_constants_read_on_another_task_are_made_there():
     assert scaled.op.inputs[1].op is gated.op                            # waits on a control input: stays
     assert summed.op.inputs[0].op.inputs[0].op is big.op
     assert local.op.inputs[0].op is step.op
+    computed = applied.op.inputs[1].op                                   # made there from its own constants
+    assert computed is not term.op and computed.type == "AddV2"
+    made_there = graph_walk.ancestors(computed)
+    assert {op.device for op in made_there} == {"/job:worker/task:2/device:CPU:0"}
+    assert {op.type for op in made_there} == {"AddV2", "RealDiv", "Mul", "Const"} and rate.op not in made_there
+    assert term.op.device == "/job:worker/task:0"
     assert placement.copy_constants_to_readers(graph) == 0               # once settled, nothing left to copy
+    placement.drop_placements(graph)
+    with tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True)) as sess:
+        assert sess.run(computed.outputs[0]) == sess.run(term) == np.float32(0.01) + np.float32(1.0) / np.float32(0.2)
 
 @pytest.fixture(scope="module")
 def placed():

@@ -116,6 +116,38 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly():
             assert reference.relative_error(saved[f"got:{i}"], saved[f"want:{i}"]) <= 1e-4
 
 
+def test_a_legacy_optimizers_hyper_parameters_are_read_as_constants():
+    """The legacy Ftrl's learning rate, l1, l2 and beta are variables the step only reads: the
+    rank's step reads them as constants of the run's start, which placement makes again beside
+    every shard's apply. The variables stay (checkpoints and results hold them)."""
+    import tf_keras
+    from parallax_tf.graph_walk import ancestors
+    from parallax_tf.model import RunContext
+    from parallax_tf.tf2 import StepFrontEnd
+    table = tf.Variable(np.ones([6, 2], np.float32), name="table")
+    optimizer = tf_keras.optimizers.legacy.Ftrl(0.3, l1_regularization_strength=0.01, beta=0.5)
+
+    @tf.function
+    def step(ids, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.reduce_sum(tf.gather(table, ids), 1) - y)
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+        return loss
+    ids = tf.data.Dataset.from_tensor_slices((np.arange(8) % 6, np.ones([8], np.float32))).batch(4)
+    front = StepFrontEnd(step, ids)
+    fixed = {v.name.split(":")[0] for v in front.converter.fixed_reads.values()}    # traced eagerly, as ptf.run does
+    assert fixed == {f"Ftrl/{name}" for name in ("learning_rate", "learning_rate_power", "l1_regularization_strength",
+                                                 "l2_regularization_strength", "beta")}
+    with tf.Graph().as_default() as graph:
+        front.build(RunContext())
+    [apply] = [op for op in graph.get_operations() if op.type == "ResourceSparseApplyFtrl"]
+    hyper = apply.inputs[5:]            # lr, l1, l2, lr_power
+    assert all("ReadVariableOp" not in {op.type for op in ancestors(t.op)} for t in hyper)
+    assert [tf.get_static_value(t) for t in hyper[:2]] == [np.float32(0.3), np.float32(0.01)]
+    held = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+    assert {"Ftrl/learning_rate", "Ftrl/beta"} <= held
+
+
 # ---- what the front end refuses, each in one line (inspection on one process: --plan_only) ----
 
 def _dataset():

@@ -161,6 +161,11 @@ def replace_uses(old, new) -> None:
                 update_input(consumer, index, new)
 
 
+def create_op(graph, op_type: str, inputs, dtypes, attrs: dict, name: str):
+    """An op of `op_type` made in `graph` from its node attributes (a copy of another op)."""
+    return graph._create_op_internal(op_type, inputs, dtypes, name=name, attrs=attrs)
+
+
 def set_device(op, device: str) -> None:
     """Places an op already in the graph."""
     op._set_device(device)

@@ -49,6 +49,9 @@ PINNED: List[Tuple[str, str, str]] = [
     ("tf_keras.optimizers.legacy.Ftrl()", "_initial_accumulator_value", "the same"),
     ("tf_keras.optimizers.legacy.Ftrl()", "_l2_shrinkage_regularization_strength", "the same"),
     ("tf_keras.Model", "_flatten_layers", "a fit model's dynamic layers (fit/spec.py)"),
+    ("tf_keras.optimizers.legacy.Optimizer()", "_hyper",
+     "a legacy optimizer's hyper-parameter variables, which a TF2 step reads as constants (tf2/fixed.py)"),
+    ("tf_keras.optimizers.Optimizer()", "_learning_rate", "a new optimizer's learning-rate variable: the same"),
 ]
 
 
@@ -61,7 +64,8 @@ def _samples() -> dict:
         return model
     return {"tf_keras.Model()": compiled_model,
             "tf_keras.optimizers.legacy.Optimizer()": tf_keras.optimizers.legacy.SGD,
-            "tf_keras.optimizers.legacy.Ftrl()": tf_keras.optimizers.legacy.Ftrl}
+            "tf_keras.optimizers.legacy.Ftrl()": tf_keras.optimizers.legacy.Ftrl,
+            "tf_keras.optimizers.Optimizer()": tf_keras.optimizers.SGD}
 
 
 def missing() -> List[str]:
@@ -103,6 +107,17 @@ def legacy_optimizer_settings(optimizer) -> dict:
         return {}
     return {name: getattr(optimizer, private) for name, private in LEGACY_SETTINGS.items()
             if hasattr(optimizer, private)}
+
+
+def hyper_parameter_variables(optimizer) -> list:
+    """The variables holding a tf_keras optimizer's hyper-parameters (a legacy one's learning
+    rate, beta, l1, ..., a new one's learning rate), where it made them; [] for any other."""
+    legacy, new = legacy_optimizer_class(), new_optimizer_class()
+    if legacy is not None and isinstance(optimizer, legacy):
+        return list(optimizer._hyper.values())
+    if new is not None and isinstance(optimizer, new):
+        return [optimizer._learning_rate]
+    return []
 
 
 def layers_of(model) -> list:

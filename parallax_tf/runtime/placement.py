@@ -8,9 +8,10 @@ Four rules, in this order (settle):
 - On GPU ranks (parallax_tf.devices), every other op of a worker task that the model did not pin
   to a device type runs on that task's GPU:0, the one GPU its process sees. Soft placement puts
   an op without a GPU kernel on the CPU; devices.without_gpu_kernel names those.
-- A small constant that ops of other tasks read is made again on each of those tasks: TF sends
-  a tensor that crosses tasks in a RecvTensor call of its own every step, constants included
-  (an optimizer's hyper-parameters and a slice's bounds beside a shard's apply on its server).
+- A small constant that ops of other tasks read is made again on each of those tasks, with the
+  stateless ops that compute it from constants alone (constants.py): TF sends a tensor that
+  crosses tasks in a RecvTensor call of its own every step, constants included (an optimizer's
+  hyper-parameters and a slice's bounds beside a shard's apply on its server).
 
 Rewriters place a host's parameter-server state on the logical task /job:ps/task:<host>; no
 parallax_tf run starts a `ps` server (only the tf_ps baseline does). The first rank of each host
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 from parallax_tf import ops as compiled_ops
 from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.runtime.constants import copy_constants_to_readers
 
 
 def settle(graph, server_ranks: List[int], device_type: str = "CPU") -> None:
@@ -46,36 +48,6 @@ def settle(graph, server_ranks: List[int], device_type: str = "CPU") -> None:
         return device
     map_devices(graph, placed)
     copy_constants_to_readers(graph)
-
-
-SMALL_CONSTANT_BYTES = 64 * 1024
-
-
-def copy_constants_to_readers(graph) -> int:
-    """Gives every task that reads a small constant of another task its own copy of it (a
-    constant that waits on a control input stays: the copy would wait across tasks instead).
-    Returns how many copies it made."""
-    made = 0
-    for op in [op for op in graph.get_operations() if op.type == "Const" and not op.control_inputs]:
-        home = _task(op.device)
-        readers = [(consumer, index) for consumer in op.outputs[0].consumers()
-                   for index, tensor in enumerate(consumer.inputs) if tensor is op.outputs[0]
-                   and _task(consumer.device) != home]
-        if not readers or op.outputs[0].dtype == tf.resource:
-            continue
-        value = op.get_attr("value")
-        if value.ByteSize() > SMALL_CONSTANT_BYTES:
-            continue
-        copies = {}
-        for consumer, index in readers:
-            task = _task(consumer.device)
-            if task not in copies:
-                with graph.as_default(), tf.control_dependencies(None), tf.device(consumer.device):
-                    copies[task] = tf.constant(tf.make_ndarray(value), op.outputs[0].dtype,
-                                               name=f"{op.name}_on_{task[0]}_{task[1]}")
-                made += 1
-            tf_shim.update_input(consumer, index, copies[task])
-    return made
 
 
 def _task(device: str):

@@ -24,9 +24,11 @@ import tensorflow as tf
 
 from parallax_tf import graph_walk, input_shard
 from parallax_tf.compat import tensorflow as tf_shim
+from parallax_tf.compat import tf_keras as keras_shim
 from parallax_tf.errors import ModelError
 from parallax_tf.model import Model, RunContext, check_metrics
 from parallax_tf.tf2 import split, variables
+from parallax_tf.tf2.fixed import fixed_reads
 from parallax_tf.tf2.naming import VariableNames
 from parallax_tf.tf2.rows import components, data_sources, read_rows_only, rows_each
 from parallax_tf.tf2.trace import Trace
@@ -218,6 +220,9 @@ class Converter:
         read_rows_only(self.graph_def, set(self.found.variables))
         # the values the step starts from, read eagerly once (a build runs in graph mode)
         self.values = {id(v): v.numpy() for v in self.found.variables.values()}
+        hyper = {id(_tf_variable(v)) for u in self.updates if u.optimizer is not None
+                 for v in _held(u.optimizer) + keras_shim.hyper_parameter_variables(u.optimizer)}
+        self.fixed_reads = fixed_reads(trace.graph, self.found.variables, hyper)
 
     def build(self, ctx: RunContext, variable_hook=None, row_splits: Optional[Dict[str, List[int]]] = None) -> Training:
         """The step in the current default graph: its variables made through `variable_hook`
@@ -231,6 +236,7 @@ class Converter:
         input_map = {f"{t.op.name}:0": placeholders[name] for name, t in zip(self.inputs, self.trace.inputs)}
         input_map.update({f"{op}:0": variables.handle(made[id(v)]) for op, v in self.found.variables.items()})
         input_map.update({f"{op}:0": tf.constant(value) for op, value in self.found.constants.items()})
+        input_map.update({read: tf.constant(self.values[id(v)]) for read, v in self.fixed_reads.items()})
         tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
         graph = tf.compat.v1.get_default_graph()
         self._dynamic_lookups(graph)

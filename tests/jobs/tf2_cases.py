@@ -130,15 +130,22 @@ def _tf_keras_step(model, optimizer):
     return step
 
 
-def tf_keras_adagrad(strategy, hooks, optimizer: str = "Adagrad", **options):
+def tf_keras_adagrad(strategy, hooks, optimizer: str = "Adagrad", rates=(0.3,), **options):
+    """A run per learning rate in `rates`, set on the optimizer before it (a script that
+    changes the rate between epochs)."""
     model, made = _tf_keras_model(optimizer)
-    result = ptf.run(_tf_keras_step(model, made), _wide_data(), strategy=strategy, hooks=hooks, log_every=0,
-                     **options)
+    step, losses = _tf_keras_step(model, made), []
+    for rate in rates:
+        made.learning_rate = rate
+        result = ptf.run(step, _wide_data(), strategy=strategy, hooks=hooks, log_every=0, **options)
+        losses += result.mean_losses
     reference, ref_optimizer = _tf_keras_model(optimizer)
-    step = _tf_keras_step(reference, ref_optimizer)
-    want = [float(step(*element)) for element in _wide_data()]
+    ref_step, want = _tf_keras_step(reference, ref_optimizer), []
+    for rate in rates:
+        ref_optimizer.learning_rate = rate
+        want += [float(ref_step(*element)) for element in _wide_data()]
     return Outcome([w.numpy() for w in model.weights + _variables_of(made)],
-                   [w.numpy() for w in reference.weights + _variables_of(ref_optimizer)], result.mean_losses, want,
+                   [w.numpy() for w in reference.weights + _variables_of(ref_optimizer)], losses, want,
                    _split_plan(result))
 
 
@@ -159,7 +166,8 @@ def tf_keras_adagrad_split(strategy, hooks):
 
 
 def legacy_ftrl_split(strategy, hooks):
-    return tf_keras_adagrad(strategy, hooks, optimizer="legacy_ftrl", partitions=7)
+    # the legacy optimizer's rate is a variable the step only reads: each run reads it as it starts
+    return tf_keras_adagrad(strategy, hooks, optimizer="legacy_ftrl", rates=(0.3, 0.1), partitions=7)
 
 
 def module_split(strategy, hooks):
