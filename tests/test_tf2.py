@@ -117,9 +117,10 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_exactly():
 
 
 def test_a_legacy_optimizers_hyper_parameters_are_read_as_constants():
-    """The legacy Ftrl's learning rate, l1, l2 and beta are variables the step only reads: the
-    rank's step reads them as constants of the run's start, which placement makes again beside
-    every shard's apply. The variables stay (checkpoints and results hold them)."""
+    """The legacy Ftrl's learning rate, l1, l2 and beta are variables the step only reads: rank
+    0's step reads them as constants of the run's start, which placement makes again beside
+    every shard's apply; the other ranks read their variables (rank 0's values after the start's
+    broadcast). The variables stay (checkpoints and results hold them)."""
     import tf_keras
     from parallax_tf.graph_walk import ancestors
     from parallax_tf.model import RunContext
@@ -146,6 +147,10 @@ def test_a_legacy_optimizers_hyper_parameters_are_read_as_constants():
     assert [tf.get_static_value(t) for t in hyper[:2]] == [np.float32(0.3), np.float32(0.01)]
     held = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
     assert {"Ftrl/learning_rate", "Ftrl/beta"} <= held
+    with tf.Graph().as_default() as other_rank:
+        front.build(RunContext(rank=1, size=2))
+    [apply] = [op for op in other_rank.get_operations() if op.type == "ResourceSparseApplyFtrl"]
+    assert all("ReadVariableOp" in {op.type for op in ancestors(t.op)} for t in apply.inputs[5:8])
 
 
 # ---- what the front end refuses, each in one line (inspection on one process: --plan_only) ----

@@ -30,6 +30,29 @@ struct Push {
   const int64_t* ids(size_t k) const { return message.flat<int64_t>().data() + begin[k]; }
 };
 
+// The floats of a push's payload: per shard k, each of its counts[k] ids' gradient row (dims[k]
+// floats) and its occurrences.
+inline int64_t PayloadFloats(const int64_t* counts, const std::vector<int64_t>& dims) {
+  int64_t floats = 0;
+  for (size_t k = 0; k < dims.size(); ++k) floats += counts[k] * (dims[k] + 1);
+  return floats;
+}
+
+// The attributes of every op on a server's pushes: where they live, how many ranks push, each
+// shard's row width.
+struct PushesAttrs {
+  std::string container, pushes;
+  int64_t ranks = 0;
+  std::vector<int64_t> dims;
+
+  absl::Status Read(tensorflow::OpKernelConstruction* c) {
+    TF_RETURN_IF_ERROR(c->GetAttr("container", &container));
+    TF_RETURN_IF_ERROR(c->GetAttr("pushes", &pushes));
+    TF_RETURN_IF_ERROR(c->GetAttr("ranks", &ranks));
+    return c->GetAttr("dims", &dims);
+  }
+};
+
 class KvPushes : public tensorflow::ResourceBase {
  public:
   using Taker = std::function<void(std::vector<Push>)>;

@@ -39,18 +39,15 @@ namespace shape_inference = ::tensorflow::shape_inference;
 class KvReadManyOp : public AsyncOpKernel {
  public:
   explicit KvReadManyOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
     OP_REQUIRES_OK(c, c->GetAttr("shared_names", &names_));
-    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(c, c->GetAttr("admit_on_first_use", &first_use_));
-    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
     OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
     const size_t n = names_.size();
-    OP_REQUIRES(c, dims_.size() == n && first_use_.size() == n,
-                Invalid("ParallaxKvReadMany: ", n, " shards but ", dims_.size(), " dims and ", first_use_.size(),
+    OP_REQUIRES(c, attrs_.dims.size() == n && first_use_.size() == n,
+                Invalid("ParallaxKvReadMany: ", n, " shards but ", attrs_.dims.size(), " dims and ", first_use_.size(),
                         " admission flags"));
-    OP_REQUIRES(c, rank_ < ranks_, Invalid("ParallaxKvReadMany: rank ", rank_, " of ", ranks_));
+    OP_REQUIRES(c, rank_ < attrs_.ranks, Invalid("ParallaxKvReadMany: rank ", rank_, " of ", attrs_.ranks));
     OP_REQUIRES_OK(c, ParseLaws(c, "ParallaxKvReadMany", n, &laws_));
   }
 
@@ -61,7 +58,7 @@ class KvReadManyOp : public AsyncOpKernel {
       return;
     }
     tensorflow::core::RefCountPtr<KvPushes> pushes;
-    OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes), done);
+    OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, attrs_.container, attrs_.pushes, attrs_.ranks, &pushes), done);
     KvPushes* gate = pushes.get();
     // the waiting read's ticket, once known: a cancellation before then finds none to drop
     auto ticket = std::make_shared<std::atomic<int64_t>>(-1);
@@ -102,7 +99,7 @@ class KvReadManyOp : public AsyncOpKernel {
     TF_RETURN_IF_ERROR(ParseMessage(message, reads, "ParallaxKvReadMany", &begin, &count));
     const int64_t* counts = message.flat<int64_t>().data();
     int64_t floats = 0;
-    for (int64_t k = 0; k < reads; ++k) floats += counts[k] * dims_[k];
+    for (int64_t k = 0; k < reads; ++k) floats += counts[k] * attrs_.dims[k];
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({floats}), &out));
     const int64_t* id = counts + reads;
@@ -110,8 +107,8 @@ class KvReadManyOp : public AsyncOpKernel {
     std::vector<double> scratch;
     for (int64_t k = 0; k < reads; ++k) {
       tensorflow::core::RefCountPtr<KvShard> shard;
-      TF_RETURN_IF_ERROR(FindShard(ctx, container_, names_[k], dims_[k], &shard));
-      const int64_t dim = dims_[k];
+      TF_RETURN_IF_ERROR(FindShard(ctx, attrs_.container, names_[k], attrs_.dims[k], &shard));
+      const int64_t dim = attrs_.dims[k];
       scratch.resize(dim);
       absl::ReaderMutexLock l(shard->mu());
       const auto& entries = shard->entries();
@@ -126,10 +123,9 @@ class KvReadManyOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  std::string container_, pushes_name_;     // container: from the graph's container scope
-  int64_t rank_, ranks_;
+  PushesAttrs attrs_;           // its container: from the graph's container scope
+  int64_t rank_;
   std::vector<std::string> names_;
-  std::vector<int64_t> dims_;
   std::vector<bool> first_use_;
   std::vector<RowLaw> laws_;
 };

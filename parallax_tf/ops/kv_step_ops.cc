@@ -43,35 +43,30 @@ namespace shape_inference = ::tensorflow::shape_inference;
 class KvPushOp : public OpKernel {
  public:
   explicit KvPushOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
-    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
     OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
-    OP_REQUIRES(c, rank_ >= 0 && rank_ < ranks_, Invalid("ParallaxKvPush: rank ", rank_, " of ", ranks_));
+    OP_REQUIRES(c, rank_ >= 0 && rank_ < attrs_.ranks, Invalid("ParallaxKvPush: rank ", rank_, " of ", attrs_.ranks));
   }
 
   void Compute(OpKernelContext* ctx) override {
     Push push;
     push.message = ctx->input(0);
     const Tensor& payload = ctx->input(1);
-    OP_REQUIRES_OK(ctx, ParseMessage(push.message, static_cast<int64_t>(dims_.size()), "ParallaxKvPush", &push.begin,
-                                     &push.count));
-    int64_t floats = 0;
-    for (size_t k = 0; k < dims_.size(); ++k) floats += push.count[k] * (dims_[k] + 1);
+    OP_REQUIRES_OK(ctx, ParseMessage(push.message, static_cast<int64_t>(attrs_.dims.size()), "ParallaxKvPush",
+                                     &push.begin, &push.count));
+    const int64_t floats = PayloadFloats(push.count.data(), attrs_.dims);
     OP_REQUIRES(ctx, payload.dims() == 1 && payload.NumElements() == floats,
                 Invalid("ParallaxKvPush: the payload holds ", payload.NumElements(), " floats; the ids ask for ",
                         floats));
     push.payload = payload;
     tensorflow::core::RefCountPtr<KvPushes> pushes;
-    OP_REQUIRES_OK(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes));
+    OP_REQUIRES_OK(ctx, FindPushes(ctx, attrs_.container, attrs_.pushes, attrs_.ranks, &pushes));
     OP_REQUIRES_OK(ctx, pushes->Put(rank_, std::move(push)));
   }
 
  private:
-  std::string container_, pushes_name_;
-  int64_t rank_, ranks_;
-  std::vector<int64_t> dims_;
+  PushesAttrs attrs_;
+  int64_t rank_;
 };
 
 // Every rank's push from their concatenations, rank after rank: each rank's message (its
@@ -80,10 +75,7 @@ class KvPushOp : public OpKernel {
 class KvPushAllOp : public OpKernel {
  public:
   explicit KvPushAllOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
-    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
-    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -91,20 +83,20 @@ class KvPushAllOp : public OpKernel {
     const Tensor& payloads = ctx->input(1);
     OP_REQUIRES(ctx, messages.dims() == 1 && payloads.dims() == 1,
                 Invalid("ParallaxKvPushAll: messages and payloads must be vectors"));
-    const int64_t parts = static_cast<int64_t>(dims_.size());
+    const int64_t parts = static_cast<int64_t>(attrs_.dims.size());
     const int64_t* ids = messages.flat<int64_t>().data();
     const float* rows = payloads.flat<float>().data();
     int64_t id_at = 0, row_at = 0;
-    std::vector<Push> all(ranks_);
-    for (int64_t r = 0; r < ranks_; ++r) {
+    std::vector<Push> all(attrs_.ranks);
+    for (int64_t r = 0; r < attrs_.ranks; ++r) {
       OP_REQUIRES(ctx, id_at + parts <= messages.NumElements(),
                   Invalid("ParallaxKvPushAll: the messages end before rank ", r, "'s"));
-      int64_t length = parts, floats = 0;
+      int64_t length = parts;
       for (int64_t k = 0; k < parts; ++k) {
         OP_REQUIRES(ctx, ids[id_at + k] >= 0, Invalid("ParallaxKvPushAll: rank ", r, " counts ", ids[id_at + k]));
         length += ids[id_at + k];
-        floats += ids[id_at + k] * (dims_[k] + 1);
       }
+      const int64_t floats = PayloadFloats(ids + id_at, attrs_.dims);
       OP_REQUIRES(ctx, id_at + length <= messages.NumElements() && row_at + floats <= payloads.NumElements(),
                   Invalid("ParallaxKvPushAll: rank ", r, "'s push runs past the messages or payloads"));
       Push& push = all[r];
@@ -118,16 +110,14 @@ class KvPushAllOp : public OpKernel {
     }
     OP_REQUIRES(ctx, id_at == messages.NumElements() && row_at == payloads.NumElements(),
                 Invalid("ParallaxKvPushAll: ", messages.NumElements() - id_at, " ids and ",
-                        payloads.NumElements() - row_at, " floats are left after ", ranks_, " ranks' pushes"));
+                        payloads.NumElements() - row_at, " floats are left after ", attrs_.ranks, " ranks' pushes"));
     tensorflow::core::RefCountPtr<KvPushes> pushes;
-    OP_REQUIRES_OK(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes));
-    for (int64_t r = 0; r < ranks_; ++r) OP_REQUIRES_OK(ctx, pushes->Put(r, std::move(all[r])));
+    OP_REQUIRES_OK(ctx, FindPushes(ctx, attrs_.container, attrs_.pushes, attrs_.ranks, &pushes));
+    for (int64_t r = 0; r < attrs_.ranks; ++r) OP_REQUIRES_OK(ctx, pushes->Put(r, std::move(all[r])));
   }
 
  private:
-  std::string container_, pushes_name_;
-  int64_t ranks_;
-  std::vector<int64_t> dims_;
+  PushesAttrs attrs_;
 };
 
 // Per id of one shard, its gradient rows and occurrences summed over the ranks' pushes in rank
@@ -172,11 +162,8 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     std::vector<bool> nesterov;
     std::vector<float> powers, slot_initial;
     std::vector<int64_t> admit_after, evict_after, slot_counts;
-    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
-    OP_REQUIRES_OK(c, c->GetAttr("pushes", &pushes_name_));
-    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
     OP_REQUIRES_OK(c, c->GetAttr("shared_names", &names_));
-    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(c, c->GetAttr("kinds", &kinds));
     OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov));
     OP_REQUIRES_OK(c, c->GetAttr("learning_rate_powers", &powers));
@@ -186,7 +173,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("slot_initial", &slot_initial));
     const size_t n = names_.size();
     OP_REQUIRES_OK(c, ParseLaws(c, "ParallaxKvBoundaryMany", n, &laws_));
-    for (size_t size : {dims_.size(), kinds.size(), nesterov.size(), powers.size(), admit_after.size(),
+    for (size_t size : {attrs_.dims.size(), kinds.size(), nesterov.size(), powers.size(), admit_after.size(),
                         evict_after.size(), slot_counts.size()})
       OP_REQUIRES(c, size == n, Invalid("ParallaxKvBoundaryMany: ", n, " shards, but an attr lists ", size));
     size_t slot_at = 0;
@@ -213,7 +200,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
                       Invalid("ParallaxKvBoundaryMany: the rules take ", hyper_count_, " hyper-parameters, got ",
                               hyper.NumElements()), done);
     tensorflow::core::RefCountPtr<KvPushes> pushes;
-    OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, container_, pushes_name_, ranks_, &pushes), done);
+    OP_REQUIRES_OK_ASYNC(ctx, FindPushes(ctx, attrs_.container, attrs_.pushes, attrs_.ranks, &pushes), done);
     tensorflow::CancellationManager* cm = ctx->cancellation_manager();
     const tensorflow::CancellationToken token = cm->get_cancellation_token();
     KvPushes* waited_on = pushes.get();
@@ -240,8 +227,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     for (const Push& push : all) {
       if (push.count.size() != names_.size())
         return Invalid("ParallaxKvBoundaryMany: a push holds ", push.count.size(), " shards' ids for ", names_.size());
-      int64_t floats = 0;
-      for (size_t k = 0; k < names_.size(); ++k) floats += push.count[k] * (dims_[k] + 1);
+      const int64_t floats = PayloadFloats(push.count.data(), attrs_.dims);
       if (floats != push.payload.NumElements())
         return Invalid("ParallaxKvBoundaryMany: a push's payload holds ", push.payload.NumElements(),
                        " floats; its ids and the shards' dims ask for ", floats);
@@ -250,7 +236,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     const float* h = hyper.flat<float>().data();
     std::vector<double> scratch;
     for (size_t k = 0; k < names_.size(); ++k) {
-      const int64_t dim = dims_[k];
+      const int64_t dim = attrs_.dims[k];
       Summed summed = SumPushes(all, offsets, static_cast<int>(k), dim);
       for (size_t r = 0; r < all.size(); ++r) offsets[r] += all[r].count[k] * (dim + 1);
       Boundary b = boundaries_[k];
@@ -259,7 +245,7 @@ class KvBoundaryManyOp : public AsyncOpKernel {
       const RowLaw& law = laws_[k];
       scratch.resize(dim);
       tensorflow::core::RefCountPtr<KvShard> shard;
-      TF_RETURN_IF_ERROR(FindShard(ctx, container_, names_[k], dim, &shard));
+      TF_RETURN_IF_ERROR(FindShard(ctx, attrs_.container, names_[k], dim, &shard));
       absl::MutexLock l(shard->mu());
       TF_RETURN_IF_ERROR(b.Run(shard.get(), static_cast<int64_t>(summed.ids.size()), summed.ids.data(),
                                summed.grads.data(), summed.counts.data(), [&](int64_t i, float* row) {
@@ -269,10 +255,9 @@ class KvBoundaryManyOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  std::string container_, pushes_name_;
-  int64_t ranks_, hyper_count_ = 0;
+  PushesAttrs attrs_;
+  int64_t hyper_count_ = 0;
   std::vector<std::string> names_;
-  std::vector<int64_t> dims_;
   std::vector<Boundary> boundaries_;
   std::vector<RowLaw> laws_;
 };

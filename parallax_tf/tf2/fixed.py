@@ -1,12 +1,15 @@
-"""An optimizer's hyper-parameters that a TF2 step only reads, read as constants.
+"""An optimizer's hyper-parameters that a TF2 step only reads, read as constants by rank 0.
 
 A legacy tf_keras optimizer (and a Keras 3 one) keeps its learning rate, beta, l2, ... in
-variables the step reads. Imported as they are, every parameter server's apply asks the rank
-holding them for each one every step, in a RecvTensor call of its own. A build reads them as
-the values the run starts from instead, and runtime/placement.py makes such small constants
-again on every task that reads them. The variables themselves stay, so checkpoints and results
-hold them as before; a script that changes one between runs gets the new value in the next
-run, which reads it when it starts."""
+variables the step reads. Imported as they are, every parameter server's apply in rank 0's step
+asks rank 0's worker for each one every step, in a RecvTensor call of its own. Rank 0's build
+reads them as the values its variables hold when the run starts instead, and
+runtime/placement.py makes such small constants again on every task that reads them. The other
+ranks read their variables, which start as rank 0's (every rank's copy of a replicated variable
+is rank 0's after the start's broadcast), so every rank applies rank 0's value, as before, also
+when a callback that runs on rank 0 only (ptf.fit's) set it. The variables themselves stay, so
+checkpoints and results hold them; a script that changes one between runs gets the new value in
+the next run, which reads it when it starts."""
 from __future__ import annotations
 
 from typing import Dict, List

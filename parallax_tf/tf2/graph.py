@@ -236,7 +236,8 @@ class Converter:
         input_map = {f"{t.op.name}:0": placeholders[name] for name, t in zip(self.inputs, self.trace.inputs)}
         input_map.update({f"{op}:0": variables.handle(made[id(v)]) for op, v in self.found.variables.items()})
         input_map.update({f"{op}:0": tf.constant(value) for op, value in self.found.constants.items()})
-        input_map.update({read: tf.constant(self.values[id(v)]) for read, v in self.fixed_reads.items()})
+        if ctx.rank == 0:       # the one graph with the servers' applies; see fixed.py
+            input_map.update({read: tf.constant(self.values[id(v)]) for read, v in self.fixed_reads.items()})
         tf.compat.v1.import_graph_def(self.graph_def, input_map=input_map, name=IMPORTED)
         graph = tf.compat.v1.get_default_graph()
         self._dynamic_lookups(graph)

@@ -254,7 +254,7 @@ def _push(state: _ServerState, outbox, layout, optimizer, kind: str, rule) -> di
     once (task 0 is one of them, or advances alone)."""
     values = outbox.dequeue()
     values = values if isinstance(values, (list, tuple)) else [values]
-    lr, hyper = _hyper(optimizer, kind)
+    lr, hyper = _hyper_values(optimizer, kind)
     by_task: Dict[int, dict] = {}
     i = 0
     for what, task, var in layout:
@@ -300,7 +300,7 @@ def _count_staleness(push: dict, topo):
     return histogram
 
 
-def _hyper(optimizer, kind: str):
+def _hyper_values(optimizer, kind: str):
     """The optimizer's learning rate and hyper-parameters as TF's own apply would see them
     (Python floats become float32 tensors, as the optimizers' _prepare makes them)."""
     def tensor(value):
