@@ -17,7 +17,7 @@ from tensorflow.core.framework import kernel_def_pb2, types_pb2
 from parallax_tf import devices, graph_walk
 from parallax_tf import ops as compiled_ops
 from parallax_tf.errors import ConfigError
-from parallax_tf.runtime import placement
+from parallax_tf.runtime import constants, placement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 Request = devices.DeviceRequest
@@ -143,10 +143,14 @@ def test_small_constants_read_on_another_task_are_made_there():
                 gated = tf.constant(2.0, name="gated")
             rate = tf.constant(0.1, name="rate")
             term = tf.add(tf.constant(0.01), tf.constant(1.0) / (2.0 * rate), name="term")  # FTRL's l2 + beta/(2 lr)
+            long = rate
+            for _ in range(constants.MAX_COPIED_OPS):
+                long = long * 1.0
         with tf.device("/job:ps/task:1"):
             table = tf.compat.v1.get_variable("table", [2], use_resource=True)
             scaled = table.read_value() * step * gated
             applied = table.read_value() * term
+            far = table.read_value() * long
             summed = tf.reduce_sum(big) + tf.reduce_sum(scaled)
         with tf.device("/job:worker/task:0/device:GPU:0"):
             local = step * 3.0                              # the same task: no copy
@@ -164,6 +168,7 @@ def test_small_constants_read_on_another_task_are_made_there():
     assert {op.device for op in made_there} == {"/job:worker/task:2/device:CPU:0"}
     assert {op.type for op in made_there} == {"AddV2", "RealDiv", "Mul", "Const"} and rate.op not in made_there
     assert term.op.device == "/job:worker/task:0"
+    assert far.op.inputs[1].op is long.op              # more ops than one copy makes: sent, as TF would
     assert placement.copy_constants_to_readers(graph) == 0               # once settled, nothing left to copy
     placement.drop_placements(graph)
     with tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True)) as sess:
